@@ -1,0 +1,114 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) specdec.eagle3 contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Ask a target Python interpreter where its distributions live, without importing them.
+
+The script below runs under the target interpreter and uses only ``importlib.metadata`` (distribution
+metadata) and ``importlib.util.find_spec`` of top-level names (which locates a package without running
+its ``__init__``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+PROBE_SCRIPT = r"""
+import json, sys, sysconfig
+try:
+    from importlib import metadata
+except ImportError:
+    metadata = None
+import importlib.util
+out = {"python": sys.version.split()[0], "executable": sys.executable, "prefix": sys.prefix,
+       "purelib": sysconfig.get_paths().get("purelib"), "path": [p for p in sys.path if p],
+       "distributions": {}}
+for name in json.loads(sys.argv[1]):
+    entry = {"installed": False}
+    if metadata is not None:
+        try:
+            dist = metadata.distribution(name)
+            entry = {"installed": True, "version": dist.version,
+                     "location": str(dist.locate_file(""))}
+        except Exception:
+            pass
+    out["distributions"][name] = entry
+pkgs = {}
+for top in json.loads(sys.argv[2]):
+    try:
+        spec = importlib.util.find_spec(top)
+    except Exception:
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        pkgs[top] = list(spec.submodule_search_locations)[0]
+    elif spec is not None and spec.origin:
+        pkgs[top] = spec.origin
+out["packages"] = pkgs
+print(json.dumps(out))
+"""
+
+
+class EnvError(Exception):
+    pass
+
+
+class PythonEnv(object):
+    """What a target interpreter reports: version, import roots, distributions and package dirs."""
+
+    def __init__(self, python, info):
+        self.python = python
+        self.info = info
+
+    @property
+    def roots(self):
+        roots = []
+        for path in [self.info.get("purelib")] + list(self.info.get("path", [])):
+            if path and os.path.isdir(path) and path not in roots and not path.endswith(".zip"):
+                roots.append(path)
+        return roots
+
+    def version(self, dist):
+        entry = self.info["distributions"].get(dist) or {}
+        return entry.get("version") if entry.get("installed") else None
+
+    def versions(self):
+        return dict((k, v.get("version")) for k, v in self.info["distributions"].items() if v.get("installed"))
+
+    def file_of(self, dist, relpath):
+        """Absolute path of a distribution's file ``relpath`` (relative to the import root)."""
+        entry = self.info["distributions"].get(dist) or {}
+        if not entry.get("installed"):
+            raise EnvError(
+                "distribution '%s' is not installed in the environment of %s (Python %s): install it in that venv, "
+                "or point 'python' at the venv that has it" % (dist, self.python, self.info.get("python")))
+        top = relpath.split("/")[0]
+        pkg_dir = self.info.get("packages", {}).get(top)
+        if pkg_dir:
+            base = os.path.dirname(pkg_dir) if os.path.isdir(pkg_dir) else os.path.dirname(pkg_dir)
+            return os.path.join(base, relpath)
+        return os.path.join(entry["location"], relpath)
+
+
+def inspect(python, distributions, top_levels, run):
+    """Run the probe script under ``python``.  ``run(argv) -> (rc, stdout, stderr)``."""
+    if not os.path.isabs(python):
+        raise EnvError("python '%s' must be an absolute path to the venv's interpreter, e.g. /root/ml-env/bin/python"
+                       % python)
+    if not os.path.exists(python):
+        raise EnvError("python interpreter %s does not exist: create the venv first (stack stage) or set the path "
+                       "of the venv's interpreter" % python)
+    if not os.access(python, os.X_OK) or os.path.isdir(python):
+        raise EnvError("python interpreter %s is not an executable file: set the path of the venv's interpreter, "
+                       "e.g. <venv>/bin/python" % python)
+    rc, out, err = run([python, "-I", "-c", PROBE_SCRIPT, json.dumps(sorted(distributions)),
+                        json.dumps(sorted(top_levels))])
+    if rc != 0:
+        raise EnvError("%s could not run the environment probe (rc=%s): %s -- is it a Python 3 interpreter?"
+                       % (python, rc, (err or out).strip()[-500:]))
+    try:
+        info = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise EnvError("%s printed no environment report (got %r) -- is it a Python 3 interpreter?"
+                       % (python, (out or err)[-300:]))
+    return PythonEnv(python, info)
