@@ -111,6 +111,9 @@ def check_package(tree, client_dir, provider, subdirs=None, label_root=None):
     dirs = [os.path.join(client_dir, s) for s in subdirs] if subdirs else [client_dir]
     findings = []
     for top in dirs:
+        if os.path.isfile(top):
+            findings.extend(check_file(tree, top, _module_name(root, top), provider, os.path.relpath(top, label_root)))
+            continue
         for dirpath, dirnames, filenames in os.walk(top):
             dirnames.sort()
             for fname in sorted(filenames):
