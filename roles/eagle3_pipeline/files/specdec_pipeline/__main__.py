@@ -1,0 +1,3 @@
+from specdec_pipeline.cli import main
+
+raise SystemExit(main())

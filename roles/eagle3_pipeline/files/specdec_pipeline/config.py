@@ -1,0 +1,101 @@
+"""Run configuration: a JSON file (rendered by the role) validated into a dict with defaults.
+
+Which keys feed which step's config hash is data (STEP_KEYS): changing one of them re-runs that step
+and, through the manifests' input digests, every step after it.
+"""
+
+import copy
+import json
+from pathlib import Path
+
+from specdec_pipeline.errors import PipelineError
+
+DEFAULTS = {
+    "run_dir": None,                 # required: everything of this run lives below it
+    "target": {"path": None, "trust_remote_code": True, "use_fast": True},
+    "dataset": {"source": None, "split": "train", "max_samples": None, "seed": 0},
+    "seq_length": 2048,
+    "min_mask_share": 0.9,           # fail prepare when fewer samples have a non-empty loss mask
+    "extract": {
+        "backend": "transformers",   # transformers | vllm
+        "layer_ids": None,           # None: [2, L//2, L-3, L-1] (speculators' default)
+        "dtype": "bfloat16",
+        "tensor_parallel_size": 1,
+        "gpu_memory_utilization": 0.8,
+        "max_num_batched_tokens": 8192,
+        "batch_size": 8,
+        "disk_margin": 1.1,
+    },
+    "vocab": {"draft_vocab_size": 32000},
+    "train": {
+        "epochs": 20, "lr": 1e-4, "total_seq_len": 8192, "num_layers": 1, "ttt_steps": 3,
+        "ttt_step_loss_decay": 1.0, "nproc": 1, "device": "auto", "attention": "auto", "seed": 0,
+        "cpu_training": True,
+    },
+    "export": {"speculative_tokens": 3},
+}
+
+# Config keys (dotted) each step's hash covers.
+STEP_KEYS = {
+    "prepare": ["target", "dataset", "seq_length", "min_mask_share"],
+    "extract": ["target", "extract.backend", "extract.layer_ids", "extract.dtype"],
+    "vocab": ["target", "vocab"],
+    "train": ["target", "train.epochs", "train.lr", "train.total_seq_len", "train.num_layers", "train.ttt_steps",
+              "train.ttt_step_loss_decay", "train.seed"],
+    "export": ["target", "export", "extract.layer_ids"],
+}
+
+
+def _merge(base, over, where):
+    out = copy.deepcopy(base)
+    for key, value in (over or {}).items():
+        if key not in base:
+            raise PipelineError(f"{where}: unknown key {key!r}; expected one of {sorted(base)}. "
+                                "Remove or rename it.")
+        if isinstance(base[key], dict) and base[key] and isinstance(value, dict):
+            out[key] = _merge(base[key], value, f"{where}.{key}")
+        else:
+            out[key] = value
+    return out
+
+
+def load(path):
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PipelineError(f"{path}: config file not found; render it with the eagle3_pipeline role "
+                            "or write one (see docs/pipeline.md).") from None
+    except json.JSONDecodeError as exc:
+        raise PipelineError(f"{path}: not valid JSON ({exc}); fix the file.") from None
+    cfg = _merge(DEFAULTS, raw, str(path))
+    for key in ("run_dir",):
+        if not cfg[key]:
+            raise PipelineError(f"{path}: {key} is required (an absolute directory).")
+    if not cfg["target"]["path"]:
+        raise PipelineError(f"{path}: target.path is required (a local model directory).")
+    if not cfg["dataset"]["source"]:
+        raise PipelineError(f"{path}: dataset.source is required (sharegpt, ultrachat, a hub id, "
+                            "or a local .json/.jsonl of conversations).")
+    if cfg["extract"]["backend"] not in ("transformers", "vllm"):
+        raise PipelineError(f"{path}: extract.backend is {cfg['extract']['backend']!r}; "
+                            "expected 'transformers' or 'vllm'.")
+    if not 0 <= float(cfg["min_mask_share"]) <= 1:
+        raise PipelineError(f"{path}: min_mask_share must be between 0 and 1.")
+    cfg["_path"] = str(path)
+    return cfg
+
+
+def pick(cfg, dotted):
+    node = cfg
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def step_config(cfg, step):
+    return {k: pick(cfg, k) for k in STEP_KEYS[step]}
+
+
+def run_path(cfg, *parts):
+    return Path(cfg["run_dir"]).joinpath(*parts)

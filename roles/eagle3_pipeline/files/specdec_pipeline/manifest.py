@@ -1,0 +1,87 @@
+"""Step manifests: inputs, config hash, versions, counts and sha256 of outputs.
+
+A step is skipped when its manifest exists, its config hash and input digests are unchanged, and
+its outputs are still there with the recorded size (and, below HASH_LIMIT, the recorded sha256).
+"""
+
+import importlib.metadata
+import platform
+import time
+from pathlib import Path
+
+from specdec_pipeline.config import run_path, step_config
+from specdec_pipeline.fsutil import read_json, sha256_file, sha256_json, write_json
+
+HASH_LIMIT = 64 << 20
+PREVIOUS = {"prepare": None, "extract": "prepare", "vocab": "prepare", "train": "vocab", "export": "train"}
+# Steps whose outputs a step reads (its inputs): a changed upstream output re-runs it.
+INPUTS = {"prepare": [], "extract": ["prepare"], "vocab": ["prepare"], "train": ["extract", "vocab"],
+          "export": ["train", "vocab"]}
+
+
+def manifest_path(cfg, step):
+    return run_path(cfg, "manifests", f"{step}.json")
+
+
+def versions():
+    out = {"python": platform.python_version()}
+    for dist in ("torch", "transformers", "speculators", "vllm", "datasets", "safetensors"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def outputs_digest(manifest):
+    return sha256_json(manifest["outputs"]) if manifest else None
+
+
+def input_digests(cfg, step):
+    return {dep: outputs_digest(read_json(manifest_path(cfg, dep))) for dep in INPUTS[step]}
+
+
+def describe_outputs(cfg, paths):
+    run_dir = Path(cfg["run_dir"])
+    out = {}
+    for p in sorted(Path(x) for x in paths):
+        out[str(p.relative_to(run_dir))] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
+    return out
+
+
+def is_current(cfg, step):
+    """Return (True, '') when STEP can be skipped, else (False, reason)."""
+    man = read_json(manifest_path(cfg, step))
+    if man is None:
+        return False, "no manifest"
+    if man.get("config_hash") != sha256_json(step_config(cfg, step)):
+        return False, "config changed"
+    if man.get("inputs") != input_digests(cfg, step):
+        return False, "inputs changed"
+    run_dir = Path(cfg["run_dir"])
+    for rel, meta in man["outputs"].items():
+        p = run_dir / rel
+        if not p.exists() or p.stat().st_size != meta["size"]:
+            return False, f"output {rel} missing or changed"
+        if meta["size"] <= HASH_LIMIT and sha256_file(p) != meta["sha256"]:
+            return False, f"output {rel} changed"
+    return True, ""
+
+
+def write(cfg, step, outputs, counts, started, extra=None):
+    man = {
+        "step": step,
+        "config": step_config(cfg, step),
+        "config_hash": sha256_json(step_config(cfg, step)),
+        "inputs": input_digests(cfg, step),
+        "versions": versions(),
+        "counts": counts,
+        "outputs": outputs if isinstance(outputs, dict) else describe_outputs(cfg, outputs),
+        "started": started,
+        "finished": time.time(),
+        "seconds": round(time.time() - started, 3),
+    }
+    if extra:
+        man.update(extra)
+    write_json(manifest_path(cfg, step), man)
+    return man

@@ -1,0 +1,137 @@
+"""Step 1 - prepare: chat template + loss masks on assistant tokens + token frequencies.
+
+Loss masks are built without offset mappings, so slow (Python) tokenizers such as Kimi-K2.5's tiktoken
+tokenizer work: the conversation is rendered with the chat template, then growing prefixes of the rendered
+text (ending before and after each assistant reply) are encoded and the token counts mark the reply's tokens.
+Where a tokenizer merges across a boundary, the boundary moves to the longest prefix whose encoding agrees
+with the full encoding.
+"""
+
+import json
+import random
+import time
+
+import torch
+
+from specdec_pipeline import manifest
+from specdec_pipeline.config import run_path
+from specdec_pipeline.datasets_io import load_conversations
+from specdec_pipeline.errors import PipelineError
+from specdec_pipeline.fsutil import atomic_path, write_json
+from specdec_pipeline.progress import Progress, log
+
+
+def load_tokenizer(cfg):
+    from transformers import AutoTokenizer  # noqa: PLC0415
+
+    path = cfg["target"]["path"]
+    try:
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg["target"]["trust_remote_code"],
+                                            use_fast=cfg["target"].get("use_fast", True))
+    except Exception as exc:
+        raise PipelineError(f"{path}: cannot load the tokenizer ({exc}); check target.path.") from None
+    if not getattr(tok, "chat_template", None):
+        raise PipelineError(f"{path}: the tokenizer has no chat_template; use the target's own tokenizer "
+                            "files (tokenizer_config.json with chat_template).")
+    return tok
+
+
+def _encode(tok, text):
+    return tok.encode(text, add_special_tokens=False)
+
+
+def _render(tok, messages, add_generation_prompt=False):
+    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+
+def _boundary(tok, full_text, full_ids, char_pos):
+    """Number of leading tokens of FULL_IDS that encode FULL_TEXT[:char_pos] (prefix-stable)."""
+    ids = _encode(tok, full_text[:char_pos])
+    n = len(ids)
+    while n > 0 and full_ids[:n] != ids[:n]:
+        n -= 1
+    return n
+
+
+def tokenize_conversation(tok, messages, seq_length):
+    """Return (input_ids, loss_mask) for one conversation; loss_mask is 1 on assistant reply tokens."""
+    full = _render(tok, messages)
+    ids = _encode(tok, full)
+    mask = [0] * len(ids)
+    for i, msg in enumerate(messages):
+        if msg["role"] != "assistant":
+            continue
+        before = _render(tok, messages[:i], add_generation_prompt=True)
+        after = _render(tok, messages[: i + 1])
+        if not full.startswith(after) or not after.startswith(before):
+            raise ValueError("the chat template does not render conversations prefix-stably")
+        start = _boundary(tok, full, ids, len(before))
+        end = _boundary(tok, full, ids, len(after))
+        for t in range(start, end):
+            mask[t] = 1
+    return ids[:seq_length], mask[:seq_length]
+
+
+def run(cfg):
+    started = time.time()
+    out_dir = run_path(cfg, "prepare")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok = load_tokenizer(cfg)
+    convs = load_conversations(cfg["dataset"]["source"], cfg["dataset"]["split"])
+    rng = random.Random(cfg["dataset"]["seed"])
+    order = list(range(len(convs)))
+    rng.shuffle(order)
+    if cfg["dataset"]["max_samples"]:
+        order = order[: int(cfg["dataset"]["max_samples"])]
+    prog = Progress(run_path(cfg, "progress.json"), "prepare", len(order), unit="conversations")
+    samples, failed, empty = [], 0, 0
+    for n, idx in enumerate(order):
+        try:
+            ids, mask = tokenize_conversation(tok, convs[idx], int(cfg["seq_length"]))
+        except Exception as exc:  # noqa: BLE001 - counted and reported; the share check below decides
+            failed += 1
+            log.warning("conversation %s skipped: %s", idx, exc)
+            continue
+        if sum(mask) == 0:
+            empty += 1
+            continue
+        samples.append({"id": len(samples), "source_index": idx, "input_ids": ids, "loss_mask": mask})
+        prog.update(n + 1, tokens=len(ids))
+    share = len(samples) / max(len(order), 1)
+    if share < float(cfg["min_mask_share"]):
+        raise PipelineError(
+            f"prepare: only {len(samples)}/{len(order)} conversations ({share:.0%}) of {cfg['dataset']['source']} "
+            f"have a non-empty assistant loss mask with the tokenizer of {cfg['target']['path']} "
+            f"({failed} failed, {empty} empty); expected at least {float(cfg['min_mask_share']):.0%} "
+            "(min_mask_share). Check the chat template and the dataset's roles.")
+    samples_path = out_dir / "samples.jsonl"
+    with atomic_path(samples_path) as tmp:
+        with open(tmp, "w") as f:
+            for s in samples:
+                f.write(json.dumps(s, separators=(",", ":")) + "\n")
+    freq_path = out_dir / "token_freq.pt"
+    _token_freq(samples, freq_path)
+    lengths = [len(s["input_ids"]) for s in samples]
+    write_json(out_dir / "lengths.json", lengths)
+    prog.finish(f"{len(samples)} samples")
+    counts = {"conversations": len(order), "samples": len(samples), "failed": failed, "empty_mask": empty,
+              "tokens": sum(lengths), "masked_tokens": sum(sum(s["loss_mask"]) for s in samples)}
+    return manifest.write(cfg, "prepare", [samples_path, freq_path, out_dir / "lengths.json"], counts, started)
+
+
+def _token_freq(samples, dest):
+    """Token frequencies over loss-masked tokens, written by speculators' own function, inside this run."""
+    from datasets import Dataset  # noqa: PLC0415
+    from speculators.train.vocab_mapping import save_token_frequency_distribution  # noqa: PLC0415
+
+    ds = Dataset.from_dict({"input_ids": [s["input_ids"] for s in samples],
+                            "loss_mask": [s["loss_mask"] for s in samples]}).with_format("torch")
+    with atomic_path(dest, validate=lambda p: torch.load(p, weights_only=True)) as tmp:
+        tmp.unlink()  # speculators' function skips an existing file
+        save_token_frequency_distribution(ds, str(tmp))
+
+
+def load_samples(cfg):
+    path = run_path(cfg, "prepare", "samples.jsonl")
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,77 @@
+"""Run report: Markdown + PNG plots (loss per epoch, sample lengths, step times, disk use)."""
+
+import json
+import time
+
+from specdec_pipeline import STEPS
+from specdec_pipeline.config import run_path
+from specdec_pipeline.fsutil import atomic_path, dir_size, read_json
+from specdec_pipeline.manifest import manifest_path
+
+
+def _plots(cfg, out):
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    made = {}
+    lengths = read_json(run_path(cfg, "prepare", "lengths.json"), [])
+    metrics_file = run_path(cfg, "train", "metrics.jsonl")
+    metrics = [json.loads(x) for x in metrics_file.read_text().splitlines() if x.strip()] if metrics_file.exists() else []
+    per_epoch = {}
+    for m in metrics:
+        if "train" in m:
+            per_epoch.setdefault(m["epoch"], []).append(m["train"]["loss"])
+    mans = {s: read_json(manifest_path(cfg, s)) for s in STEPS}
+    figs = {
+        "loss.png": ("training loss per epoch", "epoch", "mean loss",
+                     lambda ax: ax.plot(sorted(per_epoch), [sum(v) / len(v) for _, v in sorted(per_epoch.items())], "o-"),
+                     bool(per_epoch)),
+        "lengths.png": ("sample lengths", "tokens", "samples", lambda ax: ax.hist(lengths, bins=20), bool(lengths)),
+        "step_times.png": ("step times", "step", "seconds",
+                           lambda ax: ax.bar([s for s in STEPS if mans[s]], [mans[s]["seconds"] for s in STEPS if mans[s]]),
+                           any(mans.values())),
+        "disk.png": ("disk use", "step", "MB",
+                     lambda ax: ax.bar(list(STEPS), [dir_size(run_path(cfg, s)) / 1e6 for s in STEPS]), True),
+    }
+    for name, (title, xl, yl, draw, have) in figs.items():
+        if not have:
+            continue
+        fig, ax = plt.subplots(figsize=(5, 3))
+        draw(ax)
+        ax.set(title=title, xlabel=xl, ylabel=yl)
+        fig.tight_layout()
+        with atomic_path(out / name) as tmp:
+            fig.savefig(tmp, format="png")
+        plt.close(fig)
+        made[name] = title
+    return made, per_epoch, lengths, mans
+
+
+def write(cfg, stopped=""):
+    out = run_path(cfg, "report")
+    out.mkdir(parents=True, exist_ok=True)
+    made, per_epoch, lengths, mans = _plots(cfg, out)
+    lines = [f"# EAGLE-3 pipeline report - {cfg['target']['path']}", "",
+             f"Run directory: `{cfg['run_dir']}`  ", f"Written: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}", ""]
+    if stopped:
+        lines += [f"**Stopped:** {stopped}", ""]
+    lines += ["| step | state | seconds | counts |", "|---|---|---|---|"]
+    for s in STEPS:
+        m = mans[s]
+        lines.append(f"| {s} | {'done' if m else 'not run'} | {m['seconds'] if m else ''} | "
+                     f"{json.dumps(m['counts'], sort_keys=True) if m else ''} |")
+    lines.append("")
+    if lengths:
+        lines.append(f"Samples: {len(lengths)}, tokens: {sum(lengths)}, mean length {sum(lengths) / len(lengths):.1f}.")
+    if per_epoch:
+        lines.append("Loss per epoch: " + ", ".join(f"{e}: {sum(v) / len(v):.4f}" for e, v in sorted(per_epoch.items())))
+    if mans["export"]:
+        lines.append(f"Exported draft: `{run_path(cfg, 'export')}` (eagle_aux_hidden_state_layer_ids "
+                     f"{mans['export']['counts']['eagle_aux_hidden_state_layer_ids']}).")
+    lines.append("")
+    lines += [f"![{title}]({name})" for name, title in made.items()]
+    with atomic_path(out / "report.md") as tmp:
+        tmp.write_text("\n".join(lines) + "\n")
+    return out / "report.md"

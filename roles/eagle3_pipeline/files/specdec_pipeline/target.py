@@ -1,0 +1,38 @@
+"""Facts about the target model read from its config (nested text_config when present, e.g. Kimi-K2.5)."""
+
+from functools import cache
+
+from specdec_pipeline.errors import PipelineError
+
+
+@cache
+def _load(path, trust_remote_code):
+    from transformers import AutoConfig  # noqa: PLC0415
+
+    try:
+        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception as exc:
+        raise PipelineError(f"{path}: cannot read the target's config.json ({exc}); check target.path.") from None
+
+
+def target_config(cfg):
+    return _load(cfg["target"]["path"], bool(cfg["target"]["trust_remote_code"]))
+
+
+def text_config(cfg):
+    conf = target_config(cfg)
+    return getattr(conf, "text_config", None) or conf
+
+
+def dtype_of(cfg):
+    return getattr(text_config(cfg), "torch_dtype", None)
+
+
+def default_layer_ids(num_layers):
+    """speculators 0.3.0's default capture layers: three auxiliary layers and the last layer."""
+    return [2, num_layers // 2, num_layers - 3, num_layers - 1]
+
+
+def vllm_layer_ids(capture_ids):
+    """Capture (output of layer k) -> vLLM's eagle_aux_hidden_state_layer_ids (input of layer k+1)."""
+    return [int(k) + 1 for k in capture_ids]

@@ -1,0 +1,134 @@
+"""Training process (one per GPU under torchrun, or one on the CPU): builds speculators' Eagle3DraftModel
+from the target's config, d2t/t2d and the extracted files, and runs speculators' Trainer.
+
+Usage: python -m specdec_pipeline.train_worker CONFIG.json cpu|cuda
+"""
+
+import json
+import logging
+import sys
+import time
+
+import torch
+
+from specdec_pipeline import config as config_mod
+from specdec_pipeline import cpu_attention, vocab
+from specdec_pipeline.config import run_path
+from specdec_pipeline.fsutil import read_json, write_json
+from specdec_pipeline.progress import setup_logging
+from specdec_pipeline.target import target_config, text_config, vllm_layer_ids
+
+
+class MetricsFile(logging.Handler):
+    """Appends speculators' metric records (its 'speculators.metrics' logger) to metrics.jsonl + progress."""
+
+    def __init__(self, path, progress_path, total_epochs, steps_per_epoch):
+        super().__init__()
+        self.path, self.progress_path = path, progress_path
+        self.total_epochs, self.steps_per_epoch = total_epochs, steps_per_epoch
+        self.start = time.monotonic()
+        self.steps = 0
+
+    def emit(self, record):
+        msg = record.msg if isinstance(record.msg, dict) else {"text": str(record.msg)}
+        row = {"step": getattr(record, "step", None), "time": time.time(), **msg}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row, default=float) + "\n")
+        if "train" in msg:
+            self.steps += 1
+            elapsed = time.monotonic() - self.start
+            total = self.total_epochs * self.steps_per_epoch
+            rate = self.steps / max(elapsed, 1e-6)
+            write_json(self.progress_path, {
+                "step": "train", "state": "running", "done": self.steps, "total": total, "unit": "batches",
+                "epoch": msg.get("epoch"), "loss": msg["train"].get("loss"), "tokens_per_s": None,
+                "elapsed_s": round(elapsed, 1), "eta_s": round((total - self.steps) / rate, 1) if rate else None,
+                "message": "", "updated": time.time()})
+
+
+def build_model(cfg, device):
+    from speculators.config import SpeculatorsConfig, VerifierConfig  # noqa: PLC0415
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig  # noqa: PLC0415
+    from speculators.proposals.greedy import GreedyTokenProposalConfig  # noqa: PLC0415
+    from transformers import LlamaConfig  # noqa: PLC0415
+
+    tc = text_config(cfg)
+    d2t, t2d = vocab.load(cfg)
+    extract_cfg = read_json(run_path(cfg, "extract", "data_config.json"))
+    layer_cfg = LlamaConfig(
+        vocab_size=tc.vocab_size, hidden_size=tc.hidden_size, intermediate_size=tc.intermediate_size,
+        num_attention_heads=tc.num_attention_heads,
+        num_key_value_heads=getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads,
+        hidden_act=getattr(tc, "hidden_act", "silu"), max_position_embeddings=tc.max_position_embeddings,
+        rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6), num_hidden_layers=int(cfg["train"]["num_layers"]),
+        head_dim=tc.hidden_size // tc.num_attention_heads)
+    attention = cfg["train"]["attention"]
+    if attention == "auto":
+        attention = "simple_flex_attention" if device == "cuda" else cpu_attention.register()
+    elif attention == cpu_attention.NAME:
+        cpu_attention.register()
+    layer_cfg._attn_implementation = attention  # noqa: SLF001 - the switch transformers reads per layer
+    spec_cfg = Eagle3SpeculatorConfig(
+        transformer_layer_config=layer_cfg, draft_vocab_size=int(d2t.shape[0]), norm_before_residual=True,
+        eagle_aux_hidden_state_layer_ids=vllm_layer_ids(extract_cfg["layer_ids"][:-1]),
+        speculators_config=SpeculatorsConfig(
+            algorithm="eagle3", default_proposal_method="greedy",
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=int(cfg["export"]["speculative_tokens"]))],
+            verifier=VerifierConfig(name_or_path=cfg["target"]["path"],
+                                    architectures=list(target_config(cfg).architectures or ["LlamaForCausalLM"]))))
+    return Eagle3DraftModel(config=spec_cfg, t2d=t2d, d2t=d2t)
+
+
+def loaders(cfg, world_size, rank):
+    from speculators.train.data import Eagle3SampleFileDataset, create_collate_fn, split_files  # noqa: PLC0415
+    from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2  # noqa: PLC0415
+    from torch.utils.data import DataLoader  # noqa: PLC0415
+
+    total = int(cfg["train"]["total_seq_len"])
+    train_files, val_files = split_files(str(run_path(cfg, "extract")), ratio=0.9, seed=int(cfg["train"]["seed"]))
+    out = []
+    for files in (train_files, val_files):
+        ds = Eagle3SampleFileDataset(max_len=total, file_list=files)
+        sampler = MultipackDistributedBatchSamplerV2(batch_max_length=total, lengths=ds.approx_lengths,
+                                                     num_replicas=world_size, rank=rank)
+        out.append(DataLoader(ds, batch_sampler=sampler, num_workers=0, collate_fn=create_collate_fn(total)))
+    return out
+
+
+def main(argv=None):
+    from speculators.train.trainer import Trainer, TrainerConfig  # noqa: PLC0415
+    from speculators.train.utils import maybe_destroy_distributed, maybe_setup_distributed  # noqa: PLC0415
+
+    argv = sys.argv[1:] if argv is None else argv
+    cfg = config_mod.load(argv[0])
+    device = argv[1]
+    setup_logging(run_path(cfg, "logs", "train.log"))
+    torch.manual_seed(int(cfg["train"]["seed"]))
+    local_rank, world_size, rank, is_distributed = maybe_setup_distributed()
+    train_loader, val_loader = loaders(cfg, world_size, rank)
+    model = build_model(cfg, device)
+    out = run_path(cfg, "train")
+    out.mkdir(parents=True, exist_ok=True)
+    if rank == 0:
+        metrics = logging.getLogger("speculators.metrics")
+        metrics.setLevel(logging.INFO)
+        metrics.addHandler(MetricsFile(out / "metrics.jsonl", run_path(cfg, "progress.json"),
+                                       int(cfg["train"]["epochs"]), len(train_loader)))
+    ckpt = out / "checkpoints"
+    # speculators 0.3.0's single-process checkpointer reloads onto cuda:0: resume only on GPUs.
+    resume = device == "cuda"
+    tcfg = TrainerConfig(
+        lr=float(cfg["train"]["lr"]), num_epochs=int(cfg["train"]["epochs"]), save_path=str(ckpt),
+        resume_from_checkpoint=resume, is_distributed=is_distributed,
+        local_rank=local_rank if device == "cuda" else "cpu",
+        train_call_kwargs={"ttt_steps": int(cfg["train"]["ttt_steps"]),
+                           "ttt_step_loss_decay": float(cfg["train"]["ttt_step_loss_decay"])},
+        val_call_kwargs={"ttt_steps": int(cfg["train"]["ttt_steps"]),
+                         "ttt_step_loss_decay": float(cfg["train"]["ttt_step_loss_decay"])})
+    Trainer(model, tcfg, train_loader, val_loader).run_training()
+    maybe_destroy_distributed()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

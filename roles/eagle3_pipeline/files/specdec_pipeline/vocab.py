@@ -1,0 +1,54 @@
+"""Step 3 - vocab: draft vocabulary from this run's token frequencies (speculators' own mapping function).
+
+Writes vocab/d2t.npy (int64 offsets, draft -> target) and vocab/t2d.npy (bool mask over the target vocab).
+"""
+
+import time
+
+import numpy as np
+import torch
+
+from specdec_pipeline import manifest
+from specdec_pipeline.config import run_path
+from specdec_pipeline.errors import PipelineError
+from specdec_pipeline.fsutil import atomic_path
+from specdec_pipeline.target import text_config
+
+
+def _save_npy(dest, array):
+    def check(p):
+        back = np.load(p)
+        if back.shape != array.shape or back.dtype != array.dtype:
+            raise ValueError(f"{dest}: written array does not read back")
+
+    with atomic_path(dest, validate=check) as tmp:
+        with open(tmp, "wb") as f:
+            np.save(f, array)
+
+
+def run(cfg):
+    from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution  # noqa: PLC0415
+
+    started = time.time()
+    freq = torch.load(run_path(cfg, "prepare", "token_freq.pt"), weights_only=True)
+    target_vocab = int(text_config(cfg).vocab_size)
+    draft_vocab = int(cfg["vocab"]["draft_vocab_size"])
+    if not 0 < draft_vocab <= target_vocab:
+        raise PipelineError(f"vocab.draft_vocab_size {draft_vocab}: expected 1..{target_vocab} (the target vocab of "
+                            f"{cfg['target']['path']}); lower eagle3_pipeline_draft_vocab_size.")
+    d2t, t2d = build_vocab_mappings_from_distribution(freq, draft_vocab, target_vocab)
+    out = run_path(cfg, "vocab")
+    out.mkdir(parents=True, exist_ok=True)
+    _save_npy(out / "d2t.npy", d2t.numpy())
+    _save_npy(out / "t2d.npy", t2d.numpy())
+    masked_total = sum(freq.values())
+    covered = sum(c for tid, c in freq.items() if t2d[int(tid)])
+    counts = {"draft_vocab_size": draft_vocab, "target_vocab_size": target_vocab,
+              "distinct_masked_tokens": len(freq), "masked_tokens": masked_total,
+              "coverage": round(covered / masked_total, 6) if masked_total else 0.0}
+    return manifest.write(cfg, "vocab", [out / "d2t.npy", out / "t2d.npy"], counts, started)
+
+
+def load(cfg):
+    out = run_path(cfg, "vocab")
+    return torch.from_numpy(np.load(out / "d2t.npy")), torch.from_numpy(np.load(out / "t2d.npy"))

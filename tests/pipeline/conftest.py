@@ -1,0 +1,59 @@
+"""Fixtures: the tiny target (built locally), run configurations and one completed pipeline run.
+
+Run with the pipeline venv: scripts/pipeline-venv && .cache/venvs/pipeline/bin/python -m pytest tests/pipeline
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FILES = ROOT / "roles" / "eagle3_pipeline" / "files"
+DATASET = FILES / "tiny_conversations.jsonl"
+sys.path.insert(0, str(FILES))
+# Keep the role's files/ free of __pycache__ (the role copies that tree to the host).
+sys.dont_write_bytecode = True
+os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+
+
+def pipeline(*args, check=True, **kw):
+    env = dict(os.environ, PYTHONPATH=str(FILES))
+    proc = subprocess.run([sys.executable, "-m", "specdec_pipeline", *map(str, args)], env=env, text=True,
+                          capture_output=True, check=False, **kw)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"pipeline {args} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def write_config(path, run_dir, target, **over):
+    cfg = {"run_dir": str(run_dir), "target": {"path": str(target)}, "dataset": {"source": str(DATASET), "max_samples": 24},
+           "seq_length": 256, "vocab": {"draft_vocab_size": 128},
+           "train": {"epochs": 1, "total_seq_len": 256, "lr": 1e-3}}
+    for key, value in over.items():
+        if isinstance(value, dict):
+            cfg.setdefault(key, {}).update(value)
+        else:
+            cfg[key] = value
+    Path(path).write_text(json.dumps(cfg))
+    return Path(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny") / "target"
+    proc = pipeline(DATASET, "build-tiny", "--out", out)
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["changed"] is True
+    return out
+
+
+@pytest.fixture(scope="session")
+def full_run(tmp_path_factory, tiny_target):
+    base = tmp_path_factory.mktemp("full")
+    cfg = write_config(base / "run.json", base / "run", tiny_target)
+    proc = pipeline(cfg, "run")
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"config": cfg, "run_dir": base / "run", "summary": summary, "target": tiny_target}
