@@ -103,6 +103,11 @@ def run(cfg):
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(state_path, identity)
+    # A run killed while writing a sample leaves its temporary file behind; the sample itself is not in
+    # finished.jsonl, so it is redone - the stale partial file is only removed.
+    for stale in out_dir.glob(".*.tmp"):
+        log.info("extract: removing %s left by an interrupted run", stale.name)
+        stale.unlink()
 
     samples = load_samples(cfg)
     ids = layer_ids(cfg)

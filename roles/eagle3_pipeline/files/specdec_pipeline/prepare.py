@@ -120,15 +120,18 @@ def run(cfg):
 
 
 def _token_freq(samples, dest):
-    """Token frequencies over loss-masked tokens, written by speculators' own function, inside this run."""
-    from datasets import Dataset  # noqa: PLC0415
+    """Token frequencies over loss-masked tokens, written by speculators' own function, inside this run.
+
+    The function only iterates items with input_ids/loss_mask tensors, so plain dicts are handed to it
+    (a datasets.Dataset with torch formatting would drag in torchvision's video reader on some hosts).
+    """
     from speculators.train.vocab_mapping import save_token_frequency_distribution  # noqa: PLC0415
 
-    ds = Dataset.from_dict({"input_ids": [s["input_ids"] for s in samples],
-                            "loss_mask": [s["loss_mask"] for s in samples]}).with_format("torch")
+    items = [{"input_ids": torch.tensor(s["input_ids"], dtype=torch.long),
+              "loss_mask": torch.tensor(s["loss_mask"], dtype=torch.long)} for s in samples]
     with atomic_path(dest, validate=lambda p: torch.load(p, weights_only=True)) as tmp:
         tmp.unlink()  # speculators' function skips an existing file
-        save_token_frequency_distribution(ds, str(tmp))
+        save_token_frequency_distribution(items, str(tmp))
 
 
 def load_samples(cfg):

@@ -52,7 +52,7 @@ def run(cfg):
         (out / "metrics.jsonl").unlink(missing_ok=True)
     manifest.write_json(out / "identity.json", identity)
     cmd = [sys.executable, "-m", "specdec_pipeline.train_worker", cfg["_path"], device]
-    if device == "cuda" and nproc > 1:
+    if device == "cuda":  # torchrun even for one GPU: the same FSDP + bf16 mixed-precision path as 8 GPUs
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                "-m", "specdec_pipeline.train_worker", cfg["_path"], device]
     env = dict(os.environ)

@@ -29,7 +29,9 @@ class HfBackend:
         self.layer_ids = layer_ids
         self.model = AutoModelForCausalLM.from_pretrained(
             cfg["target"]["path"], trust_remote_code=cfg["target"]["trust_remote_code"], dtype="auto")
-        self.model.eval()
+        # On a GPU host the forward runs there; captured states are copied back to the CPU for saving.
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.model.to(self.device).eval()
         self.captured = {}
         layers = decoder_layers(self.model)
         for k in layer_ids:
@@ -38,7 +40,7 @@ class HfBackend:
     def _hook(self, k):
         def hook(_module, _args, output):
             out = output[0] if isinstance(output, tuple) else output
-            self.captured[k] = out[0].detach().clone()
+            self.captured[k] = out[0].detach().to("cpu", copy=True)
         return hook
 
     def batches(self, samples):
@@ -50,6 +52,6 @@ class HfBackend:
         results = []
         for s in batch:
             self.captured = {}
-            self.model(torch.tensor([s["input_ids"]], dtype=torch.long), use_cache=False)
+            self.model(torch.tensor([s["input_ids"]], dtype=torch.long, device=self.device), use_cache=False)
             results.append([self.captured[k] for k in self.layer_ids])
         return results
