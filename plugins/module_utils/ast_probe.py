@@ -302,34 +302,25 @@ class SourceTree(object):
                 continue
         raise ProbeError("class %s (%s) has no attribute '%s'" % (cls.node.name, cls.where, attr))
 
+    def _base_classes(self, cls):
+        """(name, class hit or None) for each base of a class that is not object/Generic/Protocol."""
+        for base in cls.node.bases:
+            ref = _dotted(base)
+            if not ref or ref in ("object", "Generic", "Protocol", "typing.Generic", "typing.Protocol"):
+                continue
+            try:
+                hit = self.resolve_in_module(cls.module, ref)
+            except ProbeError:
+                hit = None
+            yield ref, (hit if hit is not None and isinstance(hit.node, ast.ClassDef) else None)
+
     def bases(self, cls):
         """Resolvable base classes of a class (unresolvable ones, e.g. from uninstalled packages, skipped)."""
-        out = []
-        for base in cls.node.bases:
-            ref = _dotted(base)
-            if not ref or ref in ("object", "Generic", "Protocol", "typing.Generic", "typing.Protocol"):
-                continue
-            try:
-                hit = self.resolve_in_module(cls.module, ref)
-            except ProbeError:
-                continue
-            if isinstance(hit.node, ast.ClassDef):
-                out.append(hit)
-        return out
+        return [hit for _ref, hit in self._base_classes(cls) if hit is not None]
 
     def unresolved_bases(self, cls):
-        names = []
-        for base in cls.node.bases:
-            ref = _dotted(base)
-            if not ref or ref in ("object", "Generic", "Protocol", "typing.Generic", "typing.Protocol"):
-                continue
-            try:
-                hit = self.resolve_in_module(cls.module, ref)
-                if not isinstance(hit.node, ast.ClassDef):
-                    names.append(ref)
-            except ProbeError:
-                names.append(ref)
-        return names
+        """Names of the bases that do not resolve to a class in the installed sources."""
+        return [ref for ref, hit in self._base_classes(cls) if hit is None]
 
     def resolve(self, target):
         """Resolve ``pkg.module:Name.attr``."""
