@@ -4,9 +4,10 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Apply, assert and revert exact-text source patches (data format: patch_sets/README.md).
 
-Per file, every hunk of every needed patch applies together or none does; a write goes temp file in the
-same directory -> compile -> optional backup -> atomic rename, keeping owner and mode, under a lock on
-the directory.  Need is decided by the conditions module against the installed code.
+Every hunk of every needed patch applies together or none does: all files are read and checked first,
+and nothing is written when any of them drifted.  A write goes temp file in the same directory -> compile ->
+optional backup -> atomic rename, keeping owner and mode, under a lock on the directory.  Need is decided by
+the conditions module against the installed code.
 """
 
 from __future__ import annotations
@@ -148,98 +149,119 @@ def run(patches, env, tree, state, check_mode=False, diff_mode=False, backup=Fal
         path = env.file_of(patch["distribution"], patch["file"])
         by_file.setdefault(path, []).append(patch)
     failures = []
+    writes = []
+    lockfds = {}  # directory -> fd: one lock per directory, held until every write is done
+    try:
+        _check_files(by_file, env, tree, state, check_mode, vtext, results, failures, writes, lockfds)
+        for path, original, text in writes:
+            if diff_mode:
+                diffs.append({"before_header": path, "after_header": path, "before": original, "after": text})
+            if failures:
+                continue
+            if not check_mode:
+                b = atomic_write(path, text, backup)
+                if b:
+                    backups.append(b)
+    finally:
+        for fd in lockfds.values():
+            os.close(fd)
+    if failures:
+        for entry in results:
+            if entry["state"] in ("applied", "reverted") and entry.get("written", True):
+                entry["written"] = False
+                entry["reason"] = "not written: another patched file of this set drifted; " + entry["reason"]
+    changed = any(r["state"] in ("applied", "reverted") and r.get("written", True) for r in results)
+    return _finish(patches, env, tree, state, results, changed, diffs, backups, versions, vtext, failures)
+
+
+def _check_files(by_file, env, tree, state, check_mode, vtext, results, failures, writes, lockfds):
+    """Decide every patch of every file; queue (path, original, new text) writes; collect drift failures."""
     for path, plist in by_file.items():
         if not os.path.isfile(path):
             raise PatchError("%s (file '%s' of %s %s, patch '%s') does not exist: the installed release has a "
                              "different layout; use the patch set for that release"
                              % (path, plist[0]["file"], plist[0]["distribution"],
                                 env.version(plist[0]["distribution"]), plist[0]["id"]))
-        lockfd = _lock_dir(path) if not check_mode and state in ("present", "absent") else None
-        try:
-            with open(path, "rb") as handle:
-                original = handle.read().decode("utf-8")
-            text = original
-            file_results = []
-            drift = []
-            for patch in plist:
-                states = [hunk_state(text, h) for h in patch["hunks"]]
-                base = {"id": patch["id"], "file": path, "description": patch.get("description", "")}
-                if state == "absent":
-                    if all(s == "applied" for s in states):
-                        for hunk in patch["hunks"]:
-                            text = text.replace(hunk["after"], hunk["before"], 1)
-                        file_results.append(dict(base, state="reverted", reason="patched text restored"))
-                    elif all(s == "pending" for s in states):
-                        file_results.append(dict(base, state="not_needed", reason="not applied"))
-                    else:
-                        drift.append((patch, states))
-                    continue
-                try:
-                    needed, reasons = cond_mod.evaluate_all(patch.get("when"), tree, env)
-                except ProbeError as exc:
-                    raise PatchError(
-                        "patch '%s' (%s, %s): its condition cannot be evaluated against the installed code: %s. "
-                        "Installed: %s. The upstream API moved; this patch set does not support this release -- "
-                        "pin a supported vLLM or add a patch set for it" % (patch["id"], patch["file"],
-                                                                           patch["distribution"], exc, vtext))
-                reason = "; ".join(reasons)
-                if not needed:
-                    file_results.append(dict(base, state="not_needed", reason=reason,
-                                             text_applied=all(s == "applied" for s in states)))
-                    continue
+        if not check_mode and state in ("present", "absent") and os.path.dirname(path) not in lockfds:
+            lockfds[os.path.dirname(path)] = _lock_dir(path)
+        with open(path, "rb") as handle:
+            original = handle.read().decode("utf-8")
+        text = original
+        file_results = []
+        drift = []
+        for patch in plist:
+            states = [hunk_state(text, h) for h in patch["hunks"]]
+            base = {"id": patch["id"], "file": path, "description": patch.get("description", "")}
+            if state == "absent":
                 if all(s == "applied" for s in states):
-                    file_results.append(dict(base, state="already_applied", reason=reason))
-                elif all(s in ("pending", "applied") for s in states):
-                    if state == "asserted":
-                        file_results.append(dict(base, state="drifted", reason="needed but not applied: " + reason,
-                                                 pending=True))
-                        continue
-                    for hunk, hstate in zip(patch["hunks"], states):
-                        if hstate == "pending":
-                            text = text.replace(hunk["before"], hunk["after"], 1)
-                    file_results.append(dict(base, state="applied", reason=reason))
+                    for hunk in patch["hunks"]:
+                        text = text.replace(hunk["after"], hunk["before"], 1)
+                    file_results.append(dict(base, state="reverted", reason="patched text restored"))
+                elif all(s == "pending" for s in states):
+                    file_results.append(dict(base, state="not_needed", reason="not applied"))
                 else:
                     drift.append((patch, states))
-            if drift:
-                msgs = []
-                for patch, states in drift:
-                    for hunk, hstate in zip(patch["hunks"], states):
-                        if hstate != "drifted":
-                            continue
-                        nb = original.count(hunk["before"])
-                        msgs.append(
-                            "file %s; installed %s; patch '%s': expected anchor (found %d times, need exactly once):"
-                            "\n%s\nclosest lines found:\n  %s" % (
-                                path, vtext, patch["id"], nb, hunk["before"].rstrip("\n"),
-                                "\n  ".join(_closest(original, hunk["before"])) or "(none similar)"))
-                    results.append({"id": patch["id"], "file": path, "state": "drifted",
-                                    "reason": "anchor not found and patched text absent"})
-                failures.append(
-                    "\n".join(msgs) + "\nNothing was written to %s. The installed file differs from the release "
-                    "this patch set was written for: reinstall that release, or use/add a patch set that matches "
-                    "the installed one." % path)
-                for entry in file_results:
-                    if entry["state"] == "applied":
-                        entry["written"] = False
-                        entry["reason"] = "not written: another patch of this file drifted; " + entry["reason"]
-                results.extend(file_results)
                 continue
+            try:
+                needed, reasons = cond_mod.evaluate_all(patch.get("when"), tree, env)
+            except ProbeError as exc:
+                raise PatchError(
+                    "patch '%s' (%s, %s): its condition cannot be evaluated against the installed code: %s. "
+                    "Installed: %s. The upstream API moved; this patch set does not support this release -- "
+                    "pin a supported vLLM or add a patch set for it" % (patch["id"], patch["file"],
+                                                                       patch["distribution"], exc, vtext))
+            reason = "; ".join(reasons)
+            if not needed:
+                file_results.append(dict(base, state="not_needed", reason=reason,
+                                         text_applied=all(s == "applied" for s in states)))
+                continue
+            if all(s == "applied" for s in states):
+                file_results.append(dict(base, state="already_applied", reason=reason))
+            elif all(s in ("pending", "applied") for s in states):
+                if state == "asserted":
+                    file_results.append(dict(base, state="drifted", reason="needed but not applied: " + reason,
+                                             pending=True))
+                    continue
+                for hunk, hstate in zip(patch["hunks"], states):
+                    if hstate == "pending":
+                        text = text.replace(hunk["before"], hunk["after"], 1)
+                file_results.append(dict(base, state="applied", reason=reason))
+            else:
+                drift.append((patch, states))
+        if drift:
+            msgs = []
+            for patch, states in drift:
+                for hunk, hstate in zip(patch["hunks"], states):
+                    if hstate != "drifted":
+                        continue
+                    nb = original.count(hunk["before"])
+                    msgs.append(
+                        "file %s; installed %s; patch '%s': expected anchor (found %d times, need exactly once):"
+                        "\n%s\nclosest lines found:\n  %s" % (
+                            path, vtext, patch["id"], nb, hunk["before"].rstrip("\n"),
+                            "\n  ".join(_closest(original, hunk["before"])) or "(none similar)"))
+                results.append({"id": patch["id"], "file": path, "state": "drifted",
+                                "reason": "anchor not found and patched text absent"})
+            failures.append(
+                "\n".join(msgs) + "\nNothing was written to %s. The installed file differs from the release "
+                "this patch set was written for: reinstall that release, or use/add a patch set that matches "
+                "the installed one." % path)
+            for entry in file_results:
+                if entry["state"] == "applied":
+                    entry["written"] = False
+                    entry["reason"] = "not written: another patch of this file drifted; " + entry["reason"]
             results.extend(file_results)
-            if text != original:
-                if diff_mode:
-                    diffs.append({"before_header": path, "after_header": path, "before": original, "after": text})
-                if not check_mode:
-                    b = atomic_write(path, text, backup)
-                    if b:
-                        backups.append(b)
-        finally:
-            if lockfd is not None:
-                os.close(lockfd)
-    changed = any(r["state"] in ("applied", "reverted") and r.get("written", True) for r in results)
+            continue
+        results.extend(file_results)
+        if text != original:
+            writes.append((path, original, text))
+
+
+def _finish(patches, env, tree, state, results, changed, diffs, backups, versions, vtext, failures):
     out = {"results": results, "changed": changed, "diff": diffs, "backups": backups, "versions": versions}
     if failures:
         out["failed"] = True
-        out["msg"] = "\n\n".join(failures)
+        out["msg"] = "\n\n".join(failures) + "\n\nNo file of this patch set was written."
         return out
     if state == "asserted":
         pending = [r for r in results if r["state"] == "drifted"]

@@ -147,6 +147,10 @@ def test_backup_keeps_the_original(make_venv):
     python, site = make_venv("0.4.0.1", "0.16.0")
     target = site / "speculators/data_generation/vllm_hidden_states_generator.py"
     original = target.read_bytes()
+    core = site / "speculators/models/eagle3/core.py"
+    core_original = core.read_bytes()
     out = apply(python, load_set("speculators_0_4_0")["patches"], backup=True)
-    assert len(out["backups"]) == 1
-    assert Path(out["backups"][0]).read_bytes() == original
+    # one backup per written file: the generator (p01) and the draft model's core (t01)
+    assert len(out["backups"]) == 2
+    by_file = {Path(b).name.split(".")[0]: Path(b).read_bytes() for b in out["backups"]}
+    assert by_file == {"vllm_hidden_states_generator": original, "core": core_original}
