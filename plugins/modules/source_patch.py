@@ -15,16 +15,14 @@ description:
     interpreter's distribution metadata, without importing the packages.
   - Decides for each patch whether it is needed by probing the installed code with C(ast) (parameters,
     init fields, attributes) and distribution versions, then applies, asserts or reverts exact-text hunks.
-  - Per file all hunks apply together or none; writes are atomic (temp file, compile check, optional backup,
-    rename) and keep owner and mode.
+  - All hunks of all files of a set apply together or none do (nothing is written when any file drifted);
+    writes are atomic (temp file, compile check, optional backup, rename) and keep owner and mode.
   - Patch sets ship as data under C(patch_sets/) of the collection; the action plugin reads them on the controller.
 author:
   - specdec.eagle3 contributors
+extends_documentation_fragment:
+  - specdec.eagle3.target_python
 options:
-  python:
-    description: Absolute path of the target venv's Python interpreter.
-    type: path
-    required: true
   patch_set:
     description:
       - Name of a patch set shipped with the collection (file C(patch_sets/<name>.yml)), e.g. V(speculators_0_3_0).

@@ -21,11 +21,9 @@ description:
     breaks by loading the model costs one load per break.
 author:
   - specdec.eagle3 contributors
+extends_documentation_fragment:
+  - specdec.eagle3.target_python
 options:
-  python:
-    description: Absolute path of the target venv's Python interpreter.
-    type: path
-    required: true
   client:
     description: Distribution (and top-level package) whose calls are checked.
     type: str
