@@ -52,6 +52,26 @@ def _literal(node):
         return ast.unparse(node) if hasattr(ast, "unparse") else "<expression>"
 
 
+# Probe family -> (condition key naming the member, message prefix, member noun, word for an optional member).
+_MEMBER_PROBES = {
+    "function": ("param", "", "parameter", "takes optional"),
+    "init": ("field", "init ", "field", "has optional"),
+}
+
+
+def _member_probe(family, test, cond, target, sig):
+    """function_/init_ probes: has, lacks or requires the named parameter or init field."""
+    key, prefix, noun, optional = _MEMBER_PROBES[family]
+    name = cond[key]
+    member = sig.get(name)
+    if test == "requires":
+        required = member is not None and not member.has_default
+        word = "requires" if required else (optional if member else "has no " + noun)
+        return required, "%s %s%s '%s' (%s)" % (target, prefix, word, name, sig.origin)
+    holds = (member is not None) == (test == "has")
+    return holds, "%s %s%s %s '%s' (%s)" % (target, prefix, "has" if member else "has no", noun, name, sig.origin)
+
+
 def _evaluate(cond, tree, env):
     probe = cond["probe"]
     if probe == "dist_version":
@@ -68,32 +88,12 @@ def _evaluate(cond, tree, env):
         except ProbeError as exc:
             return False, "%s not found (%s)" % (target, exc)
         return True, "%s found at %s" % (target, found.where)
-    sig, found = tree.signature_of(target)
-    if probe.startswith("function_"):
-        param = sig.get(cond["param"])
-        if probe == "function_has_param":
-            return param is not None, "%s %s parameter '%s' (%s)" % (
-                target, "has" if param else "has no", cond["param"], sig.origin)
-        if probe == "function_lacks_param":
-            return param is None, "%s %s parameter '%s' (%s)" % (
-                target, "has" if param else "has no", cond["param"], sig.origin)
-        required = param is not None and not param.has_default
-        return required, "%s %s '%s' (%s)" % (
-            target, "requires" if required else ("takes optional" if param else "has no parameter"),
-            cond["param"], sig.origin)
-    field = sig.get(cond["field"])
-    if probe == "init_has_field":
-        return field is not None, "%s init %s field '%s' (%s)" % (
-            target, "has" if field else "has no", cond["field"], sig.origin)
-    if probe == "init_lacks_field":
-        return field is None, "%s init %s field '%s' (%s)" % (
-            target, "has" if field else "has no", cond["field"], sig.origin)
-    if probe == "init_requires_field":
-        required = field is not None and not field.has_default
-        return required, "%s init %s '%s' (%s)" % (
-            target, "requires" if required else ("has optional" if field else "has no field"), cond["field"],
-            sig.origin)
+    sig, _found = tree.signature_of(target)
+    family, _, rest = probe.partition("_")
+    if family in _MEMBER_PROBES:
+        return _member_probe(family, rest.split("_")[0], cond, target, sig)
     # field_default_is
+    field = sig.get(cond["field"])
     if field is None:
         return False, "%s init has no field '%s' (%s)" % (target, cond["field"], sig.origin)
     if not field.has_default:
