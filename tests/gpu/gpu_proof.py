@@ -106,7 +106,7 @@ def manifest(run_dir: Path, step: str) -> dict:
     return json.loads((run_dir / "manifests" / f"{step}.json").read_text())
 
 
-def check_export(run_dir: Path, target: Path) -> None:
+def check_export(cfg_path: Path, run_dir: Path, target: Path) -> None:
     import torch  # noqa: PLC0415
     from safetensors import safe_open  # noqa: PLC0415
     from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415
@@ -122,8 +122,10 @@ def check_export(run_dir: Path, target: Path) -> None:
 
     tcfg = AutoConfig.from_pretrained(target)
     hidden, tvocab = tcfg.hidden_size, tcfg.vocab_size
-    d2t_np = torch.from_numpy(__import__("numpy").load(run_dir / "vocab" / "d2t.npy"))
-    t2d_np = torch.from_numpy(__import__("numpy").load(run_dir / "vocab" / "t2d.npy"))
+    sys.path.insert(0, str(FILES))
+    from specdec_pipeline import config, vocab  # noqa: PLC0415 - the package the role ships
+
+    d2t_np, t2d_np = vocab.load(config.load(cfg_path))  # the vocab step's mapping, as training read it
     with safe_open(str(export / "model.safetensors"), framework="pt") as f:
         d2t, t2d = f.get_tensor("d2t"), f.get_tensor("t2d")
         shapes = {k: tuple(f.get_tensor(k).shape) for k in f.keys()}  # noqa: SIM118
@@ -188,7 +190,7 @@ def main() -> int:
     tr = manifest(run_dir, "train")
     record("train ran on the GPU with the real trainer", tr["counts"]["device"] == "cuda" and tr["counts"]["steps"] > 0,
            f"device {tr['counts']['device']}, {tr['counts']['steps']} steps, {tr['counts']['epochs']} epochs")
-    check_export(run_dir, Path(json.loads(cfg_path.read_text())["target"]["path"]))
+    check_export(cfg_path, run_dir, Path(json.loads(cfg_path.read_text())["target"]["path"]))
     figures(run_dir)
     return finish(0)
 
