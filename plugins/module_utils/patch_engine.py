@@ -4,23 +4,22 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Apply, assert and revert exact-text source patches (data format: patch_sets/README.md).
 
-Every hunk of every needed patch applies together or none does: all files are read and checked first,
-and nothing is written when any of them drifted.  A write goes temp file in the same directory -> compile ->
-optional backup -> atomic rename, keeping owner and mode, under a lock on the directory.  Need is decided by
-the conditions module against the installed code.
+A patch set is one unit: every file of the set is located, read, decided and checked first (path inside its
+package, UTF-8 text, anchors, patched text compiles, file and directory writable, file system not read-only),
+and nothing is written when any file fails.  The writes then go through patch_txn: temp files, optional
+backups, a write-ahead journal, one atomic rename per file; a journal left by a killed run is finished
+before anything else, and our temp files left by a kill are removed.  Need is decided by the conditions
+module against the installed code.
 """
 
 from __future__ import annotations
 
 import difflib
-import fcntl
 import os
-import shutil
-import tempfile
-import time
 
 from ansible_collections.specdec.eagle3.plugins.module_utils import conditions as cond_mod
 from ansible_collections.specdec.eagle3.plugins.module_utils import compat
+from ansible_collections.specdec.eagle3.plugins.module_utils import patch_txn
 from ansible_collections.specdec.eagle3.plugins.module_utils.ast_probe import ProbeError
 
 
@@ -45,6 +44,9 @@ def validate_patches(patches, origin):
         if patch["id"] in seen:
             raise PatchError("%s: duplicate id" % where)
         seen.add(patch["id"])
+        if not isinstance(patch["file"], str) or os.path.isabs(patch["file"]) or "\\" in patch["file"]:
+            raise PatchError("%s: 'file' is %r; expected a path relative to the import root with / separators, "
+                             "e.g. speculators/utils/loading.py" % (where, patch["file"]))
         if not isinstance(patch["hunks"], list):
             raise PatchError("%s: 'hunks' must be a list of {before, after}" % where)
         for hidx, hunk in enumerate(patch["hunks"]):
@@ -82,189 +84,318 @@ def hunk_state(text, hunk):
     return "drifted"
 
 
-class Result(dict):
-    pass
+class _Target(object):
+    """One file of the set: where it is, where it really is (symlinks resolved), its package directory."""
+
+    def __init__(self, path, patch):
+        self.path = path
+        self.rel = patch["file"]
+        self.dist = patch["distribution"]
+        self.patches = []
+        self.real = os.path.realpath(path)
+        self.root = _package_root(path, patch["file"])
+        self.problem = None
+        self.original = None
+
+    def label(self):
+        if self.real != self.path:
+            return "%s (%s, a symbolic link to %s)" % (self.rel, self.path, self.real)
+        return "%s (%s)" % (self.rel, self.path)
 
 
-def _lock_dir(path):
-    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    deadline = time.time() + 120
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-        except (IOError, OSError):
-            if time.time() > deadline:
-                os.close(fd)
-                raise PatchError("%s: another run holds the patch lock on %s for over 120 s"
-                                 % (path, os.path.dirname(path)))
-            time.sleep(0.2)
+def _package_root(path, relpath):
+    """realpath of the top-level package directory that holds ``relpath`` (the import root for a module)."""
+    base = path[:len(path) - len(relpath)].rstrip(os.sep) if path.endswith(relpath) else os.path.dirname(path)
+    top = os.path.join(base, relpath.split("/")[0])
+    return os.path.realpath(top if os.path.isdir(top) else base)
 
 
-def atomic_write(path, new_text, backup):
-    """temp file in the same dir -> compile -> optional backup -> rename; owner and mode kept."""
-    st = os.stat(path)
+def _reinstall_hint(target, env):
+    version = env.version(target.dist)
+    return "reinstall %s %s (pip install --force-reinstall --no-deps %s==%s)" % (target.dist, version, target.dist,
+                                                                                 version)
+
+
+def _locate(target, env):
+    """Find what stops this file before anything is read or written: a path outside the package, a missing
+    file, something that is not a regular file."""
+    first = target.patches[0]
+    where = "file '%s' of %s %s (patch '%s')" % (target.rel, target.dist, env.version(target.dist), first["id"])
+    if not (target.real + os.sep).startswith(target.root + os.sep) or target.real == target.root:
+        link = " through a symbolic link" if os.path.realpath(target.path) != os.path.abspath(target.path) else ""
+        target.problem = ("%s resolves%s to %s, outside the package directory %s: a patch may only change files "
+                          "inside the package it names; fix the file path of the patch (nothing was written)"
+                          % (where, link, target.real, target.root))
+    elif not os.path.exists(target.real):
+        target.problem = ("%s: %s does not exist: the installed release has a different layout; use the patch set "
+                          "for that release" % (where, target.path))
+    elif not os.path.isfile(target.real):
+        target.problem = "%s: %s is not a regular file; %s" % (where, target.real, _reinstall_hint(target, env))
+
+
+def _read(target, env, overlay):
+    if target.real in overlay:
+        target.original = overlay[target.real].decode("utf-8")
+        return
     try:
-        compile(new_text, path, "exec", dont_inherit=True)
-    except SyntaxError as exc:
-        raise PatchError("%s: the patched text does not compile (%s, line %s); nothing was written"
-                         % (path, exc.msg, exc.lineno))
-    if not os.access(os.path.dirname(path) or ".", os.W_OK) or not os.access(path, os.W_OK):
-        raise PatchError("%s is not writable by this user (mode %o, owner uid %d): run the task as the venv's "
-                         "owner (become) or fix the permissions; nothing was written"
-                         % (path, st.st_mode & 0o7777, st.st_uid))
-    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), suffix=".tmp", dir=os.path.dirname(path))
-    backup_file = None
+        with open(target.real, "rb") as handle:
+            data = handle.read()
+    except OSError as exc:
+        target.problem = "%s cannot be read: %s; run the task as the venv's owner (become)" % (target.label(),
+                                                                                              exc.strerror)
+        return
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(new_text.encode("utf-8"))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, st.st_mode & 0o7777)
-        try:
-            os.chown(tmp, st.st_uid, st.st_gid)
-        except OSError:
-            pass
-        with open(tmp, "rb") as handle:
-            compile(handle.read(), path, "exec", dont_inherit=True)
-        if backup:
-            backup_file = "%s.%s~" % (path, time.strftime("%Y-%m-%d@%H:%M:%S"))
-            shutil.copy2(path, backup_file)
-        os.rename(tmp, path)
-    except Exception:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return backup_file
+        target.original = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        target.problem = (
+            "%s is not valid UTF-8 text (byte 0x%02x at line %d, byte offset %d): the patch set expects the UTF-8 "
+            "source of %s %s. The installed file is damaged or was replaced; %s, then run again"
+            % (target.label(), data[exc.start], data[:exc.start].count(b"\n") + 1, exc.start, target.dist,
+               env.version(target.dist), _reinstall_hint(target, env)))
+
+
+def _why_drifted(text):
+    if not text.strip():
+        return "the file is empty (%d bytes), so no anchor can be found: the installed copy is damaged" % len(text)
+    if "\r\n" in text:
+        return ("the file has Windows line endings (CRLF detected) while the release and the anchors use LF: "
+                "convert it back (sed -i 's/\\r$//' FILE)")
+    return None
 
 
 def run(patches, env, tree, state, check_mode=False, diff_mode=False, backup=False, origin="patches"):
-    """Bring every patch to ``state``.  Returns dict(results, changed, diff, backups, failed, msg)."""
+    """Bring every patch to ``state``.  Returns dict(results, changed, diff, backups, recovered,
+    removed_temp_files, versions) plus failed and msg on failure."""
     validate_patches(patches, origin)
-    versions = env.versions()
-    vtext = ", ".join("%s %s" % kv for kv in sorted(versions.items())) or "no distributions found"
-    results, diffs, backups = [], [], []
-    by_file = {}
+    targets = {}
     for patch in patches:
         path = env.file_of(patch["distribution"], patch["file"])
-        by_file.setdefault(path, []).append(patch)
-    failures = []
-    writes = []
-    lockfds = {}  # directory -> fd: one lock per directory, held until every write is done
+        targets.setdefault(path, _Target(path, patch)).patches.append(patch)
+    targets = list(targets.values())
+    for target in targets:
+        _locate(target, env)
+    writing = state in ("present", "absent") and not check_mode
+    roots = sorted(set(t.root for t in targets if not t.problem and os.path.isdir(t.root)))
     try:
-        _check_files(by_file, env, tree, state, check_mode, vtext, results, failures, writes, lockfds)
-        for path, original, text in writes:
-            if diff_mode:
-                diffs.append({"before_header": path, "after_header": path, "before": original, "after": text})
-            if failures:
-                continue
-            if not check_mode:
-                b = atomic_write(path, text, backup)
-                if b:
-                    backups.append(b)
+        fds = patch_txn.lock_dirs(roots, exclusive=writing)
+    except (OSError, patch_txn.TxnError) as exc:
+        raise PatchError(str(exc))
+    try:
+        return _run_locked(patches, env, tree, state, check_mode, diff_mode, backup, targets, roots, writing)
     finally:
-        for fd in lockfds.values():
-            os.close(fd)
-    if failures:
-        for entry in results:
-            if entry["state"] in ("applied", "reverted") and entry.get("written", True):
-                entry["written"] = False
-                entry["reason"] = "not written: another patched file of this set drifted; " + entry["reason"]
-    changed = any(r["state"] in ("applied", "reverted") and r.get("written", True) for r in results)
-    return _finish(patches, env, tree, state, results, changed, diffs, backups, versions, vtext, failures)
+        patch_txn.unlock(fds)
 
 
-def _check_files(by_file, env, tree, state, check_mode, vtext, results, failures, writes, lockfds):
-    """Decide every patch of every file; queue (path, original, new text) writes; collect drift failures."""
-    for path, plist in by_file.items():
-        if not os.path.isfile(path):
-            raise PatchError("%s (file '%s' of %s %s, patch '%s') does not exist: the installed release has a "
-                             "different layout; use the patch set for that release"
-                             % (path, plist[0]["file"], plist[0]["distribution"],
-                                env.version(plist[0]["distribution"]), plist[0]["id"]))
-        if not check_mode and state in ("present", "absent") and os.path.dirname(path) not in lockfds:
-            lockfds[os.path.dirname(path)] = _lock_dir(path)
-        with open(path, "rb") as handle:
-            original = handle.read().decode("utf-8")
-        text = original
-        file_results = []
-        drift = []
-        for patch in plist:
-            states = [hunk_state(text, h) for h in patch["hunks"]]
-            base = {"id": patch["id"], "file": path, "description": patch.get("description", "")}
-            if state == "absent":
-                if all(s == "applied" for s in states):
-                    for hunk in patch["hunks"]:
-                        text = text.replace(hunk["after"], hunk["before"], 1)
-                    file_results.append(dict(base, state="reverted", reason="patched text restored"))
-                elif all(s == "pending" for s in states):
-                    file_results.append(dict(base, state="not_needed", reason="not applied"))
-                else:
-                    drift.append((patch, states))
-                continue
+def _recover(roots, state, writing, diff_mode, out, notes, failures):
+    """Finish what a killed run left: returns {real path: planned bytes} to plan from in check mode."""
+    overlay = {}
+    for root in roots:
+        journal = patch_txn.Journal(root)
+        if not journal.exists():
+            continue
+        try:
+            todo = patch_txn.pending(journal)
+        except patch_txn.TxnError as exc:
+            raise PatchError(str(exc))
+        paths = [path for path, _, _ in todo]
+        if state == "asserted":
+            if todo:
+                failures.append("an interrupted patch run left this set half-written: %s %s not yet at the text "
+                                "planned in its journal %s; run state=present to complete it"
+                                % (", ".join(paths), "is" if len(paths) == 1 else "are", journal.path))
+            continue
+        for path, cur, new in todo:
+            overlay[path] = new
+            if diff_mode:
+                out["diff"].append({"before_header": path, "after_header": path + " (interrupted run completed)",
+                                    "before": cur.decode("utf-8", "replace"), "after": new.decode("utf-8")})
+        out["recovered"].extend(paths)
+        out["changed"] = True
+        if writing:
             try:
-                needed, reasons = cond_mod.evaluate_all(patch.get("when"), tree, env)
-            except ProbeError as exc:
-                raise PatchError(
-                    "patch '%s' (%s, %s): its condition cannot be evaluated against the installed code: %s. "
-                    "Installed: %s. The upstream API moved; this patch set does not support this release -- "
-                    "pin a supported vLLM or add a patch set for it" % (patch["id"], patch["file"],
-                                                                       patch["distribution"], exc, vtext))
-            reason = "; ".join(reasons)
-            if not needed:
-                file_results.append(dict(base, state="not_needed", reason=reason,
-                                         text_applied=all(s == "applied" for s in states)))
-                continue
-            if all(s == "applied" for s in states):
-                file_results.append(dict(base, state="already_applied", reason=reason))
-            elif all(s in ("pending", "applied") for s in states):
-                if state == "asserted":
-                    file_results.append(dict(base, state="drifted", reason="needed but not applied: " + reason,
-                                             pending=True))
+                patch_txn.finish(journal, todo)
+            except OSError as exc:
+                raise PatchError("cannot complete the interrupted patch run recorded in %s (%s: %s); the journal is "
+                                 "kept and the next run tries again" % (journal.path, exc.filename, exc.strerror))
+            notes.append("An interrupted earlier run was completed first from its journal %s (%s)."
+                         % (journal.path, ", ".join(paths) or "its files were already written; journal removed"))
+        else:
+            notes.append("An interrupted earlier run would be completed first from its journal %s (%s)."
+                         % (journal.path, ", ".join(paths) or "its files are already written"))
+    return overlay
+
+
+def _run_locked(patches, env, tree, state, check_mode, diff_mode, backup, targets, roots, writing):
+    versions = env.versions()
+    vtext = ", ".join("%s %s" % kv for kv in sorted(versions.items())) or "no distributions found"
+    out = {"results": [], "changed": False, "diff": [], "backups": [], "versions": versions, "recovered": [],
+           "removed_temp_files": []}
+    failures, notes = [], []
+    overlay = _recover(roots, state, writing, diff_mode, out, notes, failures)
+    if state != "asserted":
+        temps = patch_txn.stale_temps([t.real for t in targets if not t.problem] +
+                                      [os.path.join(root, patch_txn.JOURNAL_NAME) for root in roots])
+        for tmp in temps:
+            if writing:
+                try:
+                    os.unlink(tmp)
+                except OSError as exc:
+                    failures.append("cannot remove the temp file %s that an interrupted run left: %s"
+                                    % (tmp, exc.strerror))
                     continue
-                for hunk, hstate in zip(patch["hunks"], states):
-                    if hstate == "pending":
-                        text = text.replace(hunk["before"], hunk["after"], 1)
-                file_results.append(dict(base, state="applied", reason=reason))
+            out["removed_temp_files"].append(tmp)
+            out["changed"] = True
+        if temps:
+            notes.append("%s %d temp file(s) left by an interrupted run: %s."
+                         % ("Removed" if writing else "Would remove", len(out["removed_temp_files"]),
+                            ", ".join(out["removed_temp_files"])))
+    writes = []
+    for target in targets:
+        if not target.problem:
+            _read(target, env, overlay)
+        if target.problem:
+            failures.append(target.problem)
+            out["results"].extend({"id": p["id"], "file": target.path, "state": "blocked", "reason": target.problem,
+                                   "description": p.get("description", "")} for p in target.patches)
+            continue
+        file_results, text = _decide(target, env, tree, state, vtext, failures)
+        out["results"].extend(file_results)
+        if text is None or text == target.original:
+            continue
+        problem = _compile_problem(target, text)
+        if not problem:
+            problem = patch_txn.write_problem(target.real, target.label())
+        if problem:
+            failures.append(problem)
+            for entry in file_results:
+                if entry["state"] in ("applied", "reverted"):
+                    entry.update(state="blocked", reason=problem)
+            continue
+        writes.append({"target": target, "real": target.real, "label": target.path,
+                       "old": target.original.encode("utf-8"), "new": text.encode("utf-8")})
+        if diff_mode:
+            out["diff"].append({"before_header": target.path, "after_header": target.path,
+                                "before": target.original, "after": text})
+    journal = patch_txn.Journal(writes[0]["target"].root) if writes else None
+    if writes and not failures:
+        problem = patch_txn.write_problem(journal.root, "the patch journal %s" % journal.path)
+        if problem:
+            failures.append(problem)
+    if failures:
+        for entry in out["results"]:
+            if entry["state"] in ("applied", "reverted"):
+                entry["written"] = False
+                entry["reason"] = "not written: another file of this set cannot be patched; " + entry["reason"]
+        out["failed"] = True
+        out["msg"] = "\n\n".join(notes + failures)
+        if state != "asserted":
+            out["msg"] += "\n\nNo file of this patch set was written%s." % (
+                " beyond completing the interrupted run named above" if out["recovered"] and writing else "")
+        return out
+    if writes:
+        out["changed"] = True
+        if writing:
+            try:
+                out["backups"] = patch_txn.commit(writes, journal, state, backup)
+            except patch_txn.TxnError as exc:
+                out["failed"] = True
+                out["msg"] = "\n\n".join(notes + [str(exc)])
+                return out
+            except OSError as exc:
+                out["failed"] = True
+                out["msg"] = "\n\n".join(notes + ["writing the patch set failed at %s: %s; the journal %s, if "
+                                                  "present, lets the next run complete it"
+                                                  % (exc.filename, exc.strerror, journal.path)])
+                return out
+    return _finish(patches, env, tree, state, out, vtext)
+
+
+def _compile_problem(target, text):
+    try:
+        compile(text, target.path, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        return ("%s: the patched text does not compile (%s, line %s); the patch set does not fit this file"
+                % (target.label(), exc.msg, exc.lineno))
+    return None
+
+
+def _decide(target, env, tree, state, vtext, failures):
+    """Decide every patch of one file; returns (results, new text or None when the file drifted)."""
+    original = target.original
+    path = target.path
+    text = original
+    file_results = []
+    drift = []
+    for patch in target.patches:
+        states = [hunk_state(text, h) for h in patch["hunks"]]
+        base = {"id": patch["id"], "file": path, "description": patch.get("description", "")}
+        if state == "absent":
+            if all(s == "applied" for s in states):
+                for hunk in patch["hunks"]:
+                    text = text.replace(hunk["after"], hunk["before"], 1)
+                file_results.append(dict(base, state="reverted", reason="patched text restored"))
+            elif all(s == "pending" for s in states):
+                file_results.append(dict(base, state="not_needed", reason="not applied"))
             else:
                 drift.append((patch, states))
-        if drift:
-            msgs = []
-            for patch, states in drift:
-                for hunk, hstate in zip(patch["hunks"], states):
-                    if hstate != "drifted":
-                        continue
-                    nb = original.count(hunk["before"])
-                    msgs.append(
-                        "file %s; installed %s; patch '%s': expected anchor (found %d times, need exactly once):"
-                        "\n%s\nclosest lines found:\n  %s" % (
-                            path, vtext, patch["id"], nb, hunk["before"].rstrip("\n"),
-                            "\n  ".join(_closest(original, hunk["before"])) or "(none similar)"))
-                results.append({"id": patch["id"], "file": path, "state": "drifted",
-                                "reason": "anchor not found and patched text absent"})
-            failures.append(
-                "\n".join(msgs) + "\nNothing was written to %s. The installed file differs from the release "
-                "this patch set was written for: reinstall that release, or use/add a patch set that matches "
-                "the installed one." % path)
-            for entry in file_results:
-                if entry["state"] == "applied":
-                    entry["written"] = False
-                    entry["reason"] = "not written: another patch of this file drifted; " + entry["reason"]
-            results.extend(file_results)
             continue
-        results.extend(file_results)
-        if text != original:
-            writes.append((path, original, text))
+        try:
+            needed, reasons = cond_mod.evaluate_all(patch.get("when"), tree, env)
+        except ProbeError as exc:
+            raise PatchError(
+                "patch '%s' (%s, %s): its condition cannot be evaluated against the installed code: %s. "
+                "Installed: %s. The upstream API moved; this patch set does not support this release -- "
+                "pin a supported vLLM or add a patch set for it" % (patch["id"], patch["file"],
+                                                                   patch["distribution"], exc, vtext))
+        reason = "; ".join(reasons)
+        if not needed:
+            file_results.append(dict(base, state="not_needed", reason=reason,
+                                     text_applied=all(s == "applied" for s in states)))
+            continue
+        if all(s == "applied" for s in states):
+            file_results.append(dict(base, state="already_applied", reason=reason))
+        elif all(s in ("pending", "applied") for s in states):
+            if state == "asserted":
+                file_results.append(dict(base, state="drifted", reason="needed but not applied: " + reason,
+                                         pending=True))
+                continue
+            for hunk, hstate in zip(patch["hunks"], states):
+                if hstate == "pending":
+                    text = text.replace(hunk["before"], hunk["after"], 1)
+            file_results.append(dict(base, state="applied", reason=reason))
+        else:
+            drift.append((patch, states))
+    if not drift:
+        return file_results, text
+    msgs = []
+    why = _why_drifted(original)
+    for patch, states in drift:
+        for hunk, hstate in zip(patch["hunks"], states):
+            if hstate != "drifted":
+                continue
+            nb = original.count(hunk["before"])
+            msgs.append(
+                "file %s; installed %s; patch '%s': expected anchor (found %d times, need exactly once):"
+                "\n%s\nclosest lines found:\n  %s" % (
+                    path, vtext, patch["id"], nb, hunk["before"].rstrip("\n"),
+                    "\n  ".join(_closest(original, hunk["before"])) or "(none similar)"))
+        file_results.append({"id": patch["id"], "file": path, "state": "drifted",
+                             "reason": "anchor not found and patched text absent" + ("; " + why if why else "")})
+    if why:
+        msgs.insert(0, "file %s: %s." % (path, why))
+    failures.append(
+        "\n".join(msgs) + "\nNothing was written to %s. The installed file differs from the release this patch "
+        "set was written for: %s, or use/add a patch set that matches the installed one."
+        % (path, _reinstall_hint(target, env)))
+    for entry in file_results:
+        if entry["state"] == "applied":
+            entry["written"] = False
+            entry["reason"] = "not written: another patch of this file drifted; " + entry["reason"]
+    return file_results, None
 
-
-def _finish(patches, env, tree, state, results, changed, diffs, backups, versions, vtext, failures):
-    out = {"results": results, "changed": changed, "diff": diffs, "backups": backups, "versions": versions}
-    if failures:
-        out["failed"] = True
-        out["msg"] = "\n\n".join(failures) + "\n\nNo file of this patch set was written."
-        return out
+def _finish(patches, env, tree, state, out, vtext):
     if state == "asserted":
-        pending = [r for r in results if r["state"] == "drifted"]
+        pending = [r for r in out["results"] if r["state"] == "drifted"]
         calls = assert_calls(patches, env, tree)
         out["calls"] = [f.as_dict() for f in calls]
         broken = [f for f in calls if f.state == "broken"]

@@ -92,8 +92,8 @@ def test_read_only_file_gives_one_clear_message(make_venv):
     python, site = make_venv("0.4.0.1", "0.16.0")
     target = site / "speculators/data_generation/vllm_hidden_states_generator.py"
     target.chmod(stat.S_IRUSR)
-    with pytest.raises(PatchError, match="not writable"):
-        apply(python, load_set("speculators_0_4_0")["patches"])
+    out = apply(python, load_set("speculators_0_4_0")["patches"])
+    assert out["failed"] is True and "vllm_hidden_states_generator.py" in out["msg"] and "not writable" in out["msg"]
 
 
 def test_read_only_directory_as_root_is_reported(make_venv):
@@ -110,8 +110,8 @@ def test_read_only_directory_as_root_is_reported(make_venv):
             assert out["changed"] is True
             assert stat.S_IMODE(target.stat().st_mode) == 0o444
         else:
-            with pytest.raises(PatchError, match="not writable"):
-                apply(python, load_set("speculators_0_4_0")["patches"])
+            out = apply(python, load_set("speculators_0_4_0")["patches"])
+            assert out["failed"] is True and "does not accept new files" in out["msg"]
             assert target.read_bytes() == original
     finally:
         os.chmod(target.parent, 0o755)
