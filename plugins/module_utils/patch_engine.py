@@ -98,8 +98,10 @@ class _Target(object):
         self.original = None
 
     def label(self):
-        if self.real != self.path:
+        if os.path.islink(self.path):
             return "%s (%s, a symbolic link to %s)" % (self.rel, self.path, self.real)
+        if self.real != os.path.abspath(self.path):
+            return "%s (%s, which resolves to %s)" % (self.rel, self.path, self.real)
         return "%s (%s)" % (self.rel, self.path)
 
 
@@ -124,7 +126,7 @@ def _locate(target, env):
     if not (target.real + os.sep).startswith(target.root + os.sep) or target.real == target.root:
         link = " through a symbolic link" if os.path.realpath(target.path) != os.path.abspath(target.path) else ""
         target.problem = ("%s resolves%s to %s, outside the package directory %s: a patch may only change files "
-                          "inside the package it names; fix the file path of the patch (nothing was written)"
+                          "inside the package it names; fix the file path of the patch"
                           % (where, link, target.real, target.root))
     elif not os.path.exists(target.real):
         target.problem = ("%s: %s does not exist: the installed release has a different layout; use the patch set "

@@ -15,8 +15,22 @@ description:
     interpreter's distribution metadata, without importing the packages.
   - Decides for each patch whether it is needed by probing the installed code with C(ast) (parameters,
     init fields, attributes) and distribution versions, then applies, asserts or reverts exact-text hunks.
-  - All hunks of all files of a set apply together or none do (nothing is written when any file drifted);
-    writes are atomic (temp file, compile check, optional backup, rename) and keep owner and mode.
+  - A patch set is one unit. Every file of the set is located, read and decided before anything is written,
+    and every problem of every file is reported together - a path that resolves outside its package, a missing
+    file, a file that is not UTF-8, drift (with the reason when the file is empty or has CRLF line endings), a
+    patched text that does not compile, a file or directory this user cannot write, a read-only file system.
+    When there is any, no file of the set is written.
+  - Writes are atomic and crash-safe. The new texts go to temp files C(.<name>.XXXXXXXX.tmp) beside their targets
+    (fsynced), then optional backups, then a write-ahead journal C(.specdec-patch-journal.json) in the package
+    directory (e.g. C(site-packages/speculators/)) naming every planned file with the sha256 of its old and new
+    text, then one rename per file, then the journal is removed. Owner and mode are kept.
+  - A run killed in the middle leaves every file either original or fully patched. The next run with
+    O(state=present) or O(state=absent) first completes the interrupted run from its journal (roll forward), then
+    removes the temp files of this pattern that kills left beside the set's files, then does its own work.
+    O(state=asserted) fails while a journal names a file that is not yet written.
+  - A target that is a symbolic link is patched in place at the file it points to and the link is kept, as long
+    as that file lies inside the package directory; a link (or C(..) in O(patches)' C(file)) that leads outside
+    it is refused.
   - Patch sets ship as data under C(patch_sets/) of the collection; the action plugin reads them on the controller.
 author:
   - specdec.eagle3 contributors
@@ -44,13 +58,19 @@ options:
     choices: [present, asserted, absent]
     default: present
   backup:
-    description: Keep a timestamped copy of each file before it is changed.
+    description:
+      - Keep a copy of each file before it is changed, named C(<file>.<YYYY-mm-dd@HH:MM:SS>~) beside the file
+        (beside the file a symbolic link points to), or C(<file>.<stamp>.<n>~) when that name is taken. An
+        existing backup is never overwritten.
     type: bool
     default: false
 attributes:
   check_mode:
     support: full
-    description: Reports what would change; writes nothing.
+    description:
+      - Writes nothing. Runs every check of the real run (including write access and read-only file systems)
+        and fails where the real run would fail; otherwise reports what would change, including an interrupted
+        run it would complete and temp files it would remove.
   diff_mode:
     support: full
     description: Returns the unified diff of each file that changes.
@@ -91,7 +111,10 @@ results:
       description: Patch id.
       type: str
     state:
-      description: One of C(applied), C(already_applied), C(not_needed), C(reverted), C(drifted).
+      description:
+        - One of C(applied), C(already_applied), C(not_needed), C(reverted), C(drifted), C(blocked).
+        - C(blocked) means the file cannot be read or written (the reason says why, e.g. outside the package, missing,
+          not UTF-8, not writable, read-only file system, patched text does not compile).
       type: str
     file:
       description: Absolute path of the patched file.
@@ -113,7 +136,18 @@ calls:
   type: list
   elements: dict
 backups:
-  description: Backup files written.
+  description: Backup files written, each holding the text the file had just before this run changed it.
+  returned: always
+  type: list
+  elements: str
+recovered:
+  description: Files that an interrupted earlier run had not yet written and this run completed from its journal
+    (in check mode, would complete).
+  returned: always
+  type: list
+  elements: str
+removed_temp_files:
+  description: Temp files of an interrupted run removed by this run (in check mode, that would be removed).
   returned: always
   type: list
   elements: str
@@ -187,6 +221,9 @@ def main():
                   backup=params["backup"], origin=origin)
     except (PatchError, EnvError, VersionError) as exc:
         module.fail_json(msg=str(exc), results=[])
+    except OSError as exc:
+        module.fail_json(msg="source_patch: %s: %s" % (exc.filename or "file operation", exc.strerror or exc),
+                         results=[])
     out["patch_set"] = name if not params["patches"] else ""
     diff = out.pop("diff")
     if module._diff:

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import time
 import traceback
 import zipfile
 from pathlib import Path
@@ -109,9 +110,10 @@ class _VllmCachedTree(SourceTree):
         return self._shared[path]
 
 
-def in_child(fn, kill_at=0, ro_dirs=()):
+def in_child(fn, kill_at=0, ro_dirs=(), kill_after=None):
     """Run ``fn()`` in a forked child.  kill_at=k: SIGKILL itself just before its k-th os.rename/os.replace/
-    os.fsync.  ro_dirs: bind-mounted read-only in a private mount namespace first (needs root).
+    os.fsync.  kill_after=s: the parent SIGKILLs it after s seconds.  ro_dirs: bind-mounted read-only in a
+    private mount namespace first (needs root).
     Returns (killed, result or None, number of rename/fsync calls made)."""
     rfd, wfd = os.pipe()
     pid = os.fork()
@@ -152,6 +154,9 @@ def in_child(fn, kill_at=0, ro_dirs=()):
         finally:
             os._exit(code)
     os.close(wfd)
+    if kill_after is not None:
+        time.sleep(kill_after)
+        os.kill(pid, signal.SIGKILL)  # a finished child is a zombie until waited for: this does nothing then
     with os.fdopen(rfd, "rb") as pipe:
         data = pipe.read()
     _, status = os.waitpid(pid, 0)
