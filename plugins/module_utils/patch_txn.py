@@ -108,8 +108,9 @@ def write_problem(path, label):
                 "Remount it read-write or install the venv on a writable file system, then run again"
                 % (label, directory))
     if not os.access(directory, os.W_OK | os.X_OK):
-        return ("%s cannot be written: its directory %s does not accept new files for this user%s. Run the task "
-                "as the venv's owner (become) or fix the permissions, then run again"
+        return ("%s cannot be written: its directory %s is not writable by this user%s, and the temp file and "
+                "the rename need it. Run the task as the venv's owner (become) or fix the permissions, then run "
+                "again"
                 % (label, directory, _describe_owner(directory)))
     if not is_dir and not os.access(path, os.W_OK):
         if os.geteuid() == 0:
