@@ -285,7 +285,7 @@ def _run_locked(patches, env, tree, state, check_mode, diff_mode, backup, target
             failures.append(problem)
     if failures:
         for entry in out["results"]:
-            if entry["state"] in ("applied", "reverted"):
+            if entry["state"] in ("applied", "reverted") and entry.get("written") is not False:
                 entry["written"] = False
                 entry["reason"] = "not written: another file of this set cannot be patched; " + entry["reason"]
         out["failed"] = True
