@@ -19,7 +19,8 @@ description:
     and every problem of every file is reported together - a path that resolves outside its package, a missing
     file, a file that is not UTF-8, drift (with the reason when the file is empty or has CRLF line endings), a
     patched text that does not compile, a file or directory this user cannot write, a read-only file system.
-    When there is any, no file of the set is written.
+    When there is any, no file of the set is written (an interrupted earlier run is still completed first, see
+    below). Check mode runs the same checks.
   - Writes are atomic and crash-safe. The new texts go to temp files C(.<name>.XXXXXXXX.tmp) beside their targets
     (fsynced), then optional backups, then a write-ahead journal C(.specdec-patch-journal.json) in the package
     directory (e.g. C(site-packages/speculators/)) naming every planned file with the sha256 of its old and new
