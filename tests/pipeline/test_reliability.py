@@ -169,8 +169,8 @@ def test_training_file_split_does_not_depend_on_directory_order(full_run, tmp_pa
             shutil.copyfile(f, fs / name / "extract" / f.name)
         cfg = config.load(write_config(fs / f"{name}.json", fs / name, full_run["target"]))
         train, val = loaders(cfg, 1, 0)
-        splits.append(([os.path.basename(x) for x in train.dataset.file_list],
-                       [os.path.basename(x) for x in val.dataset.file_list]))
+        splits.append(([os.path.basename(x) for x in train.dataset.data],
+                       [os.path.basename(x) for x in val.dataset.data]))
     assert splits[0] == splits[1]
 
 
@@ -191,7 +191,7 @@ def test_full_disk_during_extract_is_one_line_and_leaves_no_partial_file(full_ru
     proc = pipeline(cfg, "run", check=False)
     assert proc.returncode == 2, proc.stderr[-3000:]
     err = error_lines(proc)
-    assert len(err) == 1 and err[0].startswith("ERROR: extract: the disk is full - writing "), err
+    assert len(err) == 1 and err[0].startswith(f"ERROR: extract: the disk is full - writing {fs / 'run' / 'extract'}/"), err
     assert "needs about 2.1 MiB" in err[0] and "free" in err[0]
     assert "Traceback" not in proc.stderr
     out = fs / "run" / "extract"
@@ -228,10 +228,13 @@ def test_train_and_export_check_disk_space_first(full_run, tmp_path, tmpfs):
     assert "KiB" in err[0] and "epoch checkpoints" in err[0]
     assert not (run_dir / "train.new" / "checkpoints").exists()
 
-    # export: the train step's outputs are there, the export does not fit
-    shutil.copytree(full_run["run_dir"] / "train", run_dir / "train")
-    shutil.copy(full_run["run_dir"] / "manifests" / "train.json", run_dir / "manifests" / "train.json")
-    filler = run_dir / "filler"
+    # export: every earlier step is done, the export does not fit
+    fs = need_tmpfs(tmpfs, tmp_path / "fs2", "4m")
+    run_dir = fs / "run"
+    shutil.copytree(full_run["run_dir"], run_dir, ignore=shutil.ignore_patterns("export", "report", "logs"))
+    (run_dir / "manifests" / "export.json").unlink()
+    cfg = write_config(tmp_path / "run.json", run_dir, full_run["target"])
+    filler = fs / "filler"
     free = shutil.disk_usage(fs).free
     filler.write_bytes(b"\0" * max(free - (100 << 10), 0))
     proc = pipeline(cfg, "run", check=False)

@@ -90,7 +90,7 @@ def space_needed(cfg):
     """Bytes the whole extraction needs (for the disk-full message)."""
     tokens = sum(len(s["input_ids"]) for s in load_samples(cfg))
     return int(bytes_needed(tokens, len(layer_ids(cfg)), text_config(cfg).hidden_size,
-                            DTYPES[cfg["extract"]["dtype"]]) * float(cfg["extract"]["disk_margin"]))
+                            DTYPES[cfg["extract"]["dtype"]]) * max(float(cfg["extract"]["disk_margin"]), 1.0))
 
 
 def read_finished(path, repair=False):

@@ -50,6 +50,10 @@ def atomic_path(dest, validate=None):
         if validate is not None:
             validate(tmp)
         os.replace(tmp, dest)
+    except OSError as exc:
+        if not exc.filename:  # a failed write names no file: name the one being written
+            exc.filename = str(dest)
+        raise
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -170,7 +174,7 @@ def is_disk_full(exc):
         text = str(exc)
         if "No space left on device" in text or "Disk quota exceeded" in text:
             return True
-        if "inline_container" in text and ("write" in text or "PytorchStreamWriter" in text):
+        if "inline_container" in text and "Reader" not in text:  # torch's zip writer: short write, "unexpected pos"
             return True
         exc = exc.__cause__ or exc.__context__
     return False
