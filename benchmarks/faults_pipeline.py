@@ -2,7 +2,9 @@
 """Fault injection, not a timed test: SIGKILL the tiny pipeline (prepare -> extract -> vocab -> train) at N random
 moments, re-run it after each kill, and print what survived (run with the pipeline venv).
 
-    .cache/venvs/pipeline/bin/python benchmarks/faults_pipeline.py [--kills 8] [--seed 0] [--samples 24]
+    .cache/venvs/pipeline/bin/python benchmarks/faults_pipeline.py [--kills 8] [--seed 0] [--samples 24] [--target DIR]
+
+--target reuses a tiny target built earlier (python -m specdec_pipeline DATASET build-tiny --out DIR).
 
 After every kill it checks the run directory as a later run would find it:
   half-written   a file under its final name that does not read back (JSON, .npy, or a sample whose sha256 is not
@@ -89,17 +91,20 @@ def main():
     ap.add_argument("--kills", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--samples", type=int, default=24)
+    ap.add_argument("--target", help="an existing tiny target directory (default: build one)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        subprocess.run([sys.executable, "-m", "specdec_pipeline", str(FILES / "tiny_conversations.jsonl"),
-                        "build-tiny", "--out", str(tmp / "target")], env=ENV, check=True, capture_output=True)
+        target = Path(args.target) if args.target else tmp / "target"
+        if not args.target:
+            subprocess.run([sys.executable, "-m", "specdec_pipeline", str(FILES / "tiny_conversations.jsonl"),
+                            "build-tiny", "--out", str(target)], env=ENV, check=True, capture_output=True)
 
         def config(name):
             cfg = tmp / f"{name}.json"
             cfg.write_text(json.dumps({
-                "run_dir": str(tmp / name), "target": {"path": str(tmp / "target")},
+                "run_dir": str(tmp / name), "target": {"path": str(target)},
                 "dataset": {"source": str(FILES / "tiny_conversations.jsonl"), "max_samples": args.samples},
                 "seq_length": 256, "vocab": {"draft_vocab_size": 128},
                 "train": {"epochs": 1, "total_seq_len": 256, "lr": 1e-3}}))

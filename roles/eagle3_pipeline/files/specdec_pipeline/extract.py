@@ -141,10 +141,14 @@ def _rewrite_finished(path, finished):
 
 
 def _append_finished(path, rec):
-    with open(path, "a") as f:
-        f.write(json.dumps(rec, separators=(",", ":")) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        exc.filename = exc.filename or str(path)
+        raise
 
 
 def _backend_class(cfg):
