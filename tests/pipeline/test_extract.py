@@ -80,8 +80,10 @@ def test_disk_preflight_sizes(full_run, tmp_path):
     assert bytes_needed(10_000 * 2048, 4, 7168, torch.bfloat16) == pytest.approx(1.17e12, rel=0.01)
     cfg = config.load(full_run["config"])
     cfg["extract"]["disk_margin"] = 1e15
-    with pytest.raises(PipelineError, match=r"GB free .* need about .* eagle3_pipeline_work_dir"):
+    with pytest.raises(PipelineError, match=r"^extract: not enough disk space for .*: needs about [0-9.]+ TiB "
+                       r"\(1000 tokens x 4 layers x 64 hidden x 2 B.*\), [0-9.]+ [KMGT]iB free; .*eagle3_pipeline_work_dir"):
         disk_preflight(cfg, tmp_path, 1000, 4, 64, torch.bfloat16)
+    assert not list(tmp_path.iterdir())
 
 
 def test_vllm_batch_size_stays_within_the_token_budget():

@@ -7,10 +7,11 @@ the Ansible role shows) and exits 0, 3 when it stopped on purpose (e.g. no train
 import argparse
 import json
 import sys
+import traceback
 
 from specdec_pipeline import STEPS, config, manifest, report
 from specdec_pipeline.errors import PipelineError, StopAfter
-from specdec_pipeline.fsutil import write_json
+from specdec_pipeline.fsutil import disk_full_error, is_disk_full, recover_swap, write_json
 from specdec_pipeline.progress import log, setup_logging
 
 
@@ -20,8 +21,32 @@ def _step_module(step):
     return importlib.import_module(f"specdec_pipeline.{step}")
 
 
+def _space_needed(module, cfg):
+    try:
+        return module.space_needed(cfg) if hasattr(module, "space_needed") else None
+    except Exception:  # noqa: BLE001 - only an estimate for the message
+        return None
+
+
+def run_step(cfg, step):
+    """Run STEP; a full disk anywhere inside it becomes one PipelineError naming the step, path, need and free."""
+    module = _step_module(step)
+    try:
+        return module.run(cfg)
+    except (PipelineError, StopAfter):
+        raise
+    except Exception as exc:
+        if not is_disk_full(exc):
+            raise
+        log.debug("%s: disk full", step, exc_info=True)
+        path = getattr(exc, "filename", None) or config.run_path(cfg, step)
+        raise disk_full_error(step, path, _space_needed(module, cfg)) from None
+
+
 def run(cfg, until=None):
     ran, skipped, stopped = [], [], ""
+    for step in STEPS:  # finish or undo a directory swap a kill interrupted
+        recover_swap(config.run_path(cfg, step))
     write_json(config.run_path(cfg, "progress.json"), {"step": "checking manifests", "state": "running", "done": 0,
                                                        "total": len(STEPS), "unit": "steps"})
     for step in STEPS:
@@ -32,14 +57,19 @@ def run(cfg, until=None):
         else:
             log.info("%s: running (%s)", step, why)
             try:
-                _step_module(step).run(cfg)
+                run_step(cfg, step)
             except StopAfter as exc:
                 stopped = str(exc)
                 break
             ran.append(step)
         if step == until:
             break
-    report_path = report.write(cfg, stopped)
+    try:
+        report_path = report.write(cfg, stopped)
+    except Exception as exc:
+        if not is_disk_full(exc):
+            raise
+        raise disk_full_error("report", config.run_path(cfg, "report")) from None
     return {"changed": bool(ran), "ran": ran, "skipped": skipped, "stopped": stopped,
             "report": str(report_path), "run_dir": cfg["run_dir"], "export": str(config.run_path(cfg, "export"))
             if "export" in ran + skipped else ""}
@@ -63,12 +93,28 @@ def main(argv=None):
             print(json.dumps({s: manifest.is_current(cfg, s)[0] for s in STEPS}))
             return 0
         summary = run(cfg, args.until)
+        write_json(config.run_path(cfg, "summary.json"), summary)
     except PipelineError as exc:
         print(f"ERROR: {exc}", file=sys.stderr)
         return 2
-    write_json(config.run_path(cfg, "summary.json"), summary)
+    except Exception as exc:  # a bug or an unforeseen failure: the traceback goes to the log file, one line here
+        logfile = _log_traceback(args.config)
+        print(f"ERROR: unexpected {type(exc).__name__}: {exc}; the traceback is in {logfile}.", file=sys.stderr)
+        return 1
     print(json.dumps(summary))
     return 3 if summary["stopped"] else 0
+
+
+def _log_traceback(config_path):
+    try:
+        path = config.run_path(config.load(config_path), "logs", "pipeline.log")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            f.write(traceback.format_exc())
+        return path
+    except Exception:  # noqa: BLE001 - nowhere to write it: show it
+        traceback.print_exc()
+        return "the output above"
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from specdec_pipeline import manifest, vocab
 from specdec_pipeline.config import run_path
 from specdec_pipeline.errors import PipelineError
-from specdec_pipeline.fsutil import atomic_path, read_json
+from specdec_pipeline.fsutil import atomic_path, check_space, read_json, recover_swap, staging_dir, swap_in
 from specdec_pipeline.target import vllm_layer_ids
 
 REQUIRED = ("d2t", "t2d", "fc.weight", "lm_head.weight", "norm.weight")
@@ -28,6 +28,14 @@ def last_checkpoint(cfg):
     if not epochs:
         raise PipelineError(f"export: no checkpoint under {ckpt}; run the train step first.")
     return ckpt / str(epochs[-1])
+
+
+def space_needed(cfg, src=None):
+    """Bytes the export writes: the last checkpoint's weights, d2t/t2d and the small files."""
+    src = src or last_checkpoint(cfg)
+    vocab_dir = run_path(cfg, "vocab")
+    extra = sum(p.stat().st_size for p in (vocab_dir / "d2t.npy", vocab_dir / "t2d.npy") if p.exists())
+    return int(((src / "model.safetensors").stat().st_size + extra) * 1.05) + (64 << 10)
 
 
 def export_config(src_config, capture_ids, target_path):
@@ -55,8 +63,8 @@ def run(cfg):
     started = time.time()
     src = last_checkpoint(cfg)
     capture_ids = read_json(run_path(cfg, "extract", "data_config.json"))["layer_ids"]
-    out = run_path(cfg, "export")
-    out.mkdir(parents=True, exist_ok=True)
+    final = run_path(cfg, "export")
+    check_space("export", final, space_needed(cfg, src), "the last checkpoint's weights plus d2t/t2d")
     conf = export_config(json.loads((src / "config.json").read_text()), capture_ids, cfg["target"]["path"])
     d2t, t2d = vocab.load(cfg)
     tensors = {}
@@ -65,6 +73,12 @@ def run(cfg):
             tensors[k] = f.get_tensor(k)
     tensors["d2t"], tensors["t2d"] = d2t, t2d
 
+    # The new export is built in export.new and replaces the earlier one only when complete and validated.
+    recover_swap(final)
+    out = staging_dir(final)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
     with atomic_path(out / "model.safetensors", validate=lambda p: check_checkpoint(p, conf, d2t, t2d)) as tmp:
         save_file(tensors, str(tmp), metadata={"format": "pt"})
     with atomic_path(out / "config.json", validate=lambda p: json.loads(p.read_text())) as tmp:
@@ -72,6 +86,8 @@ def run(cfg):
     for extra in ("config.py", "generation_config.json"):
         if (src / extra).exists():
             shutil.copyfile(src / extra, out / extra)
+    swap_in(out, final)
+    out = final
     counts = {"epoch": int(src.name), "capture_layer_ids": capture_ids,
               "eagle_aux_hidden_state_layer_ids": conf["eagle_aux_hidden_state_layer_ids"],
               "tensors": len(tensors)}

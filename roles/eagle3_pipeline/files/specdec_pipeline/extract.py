@@ -5,9 +5,13 @@ On-disk format (speculators' data format v1): {"input_ids": int64[seq], "hidden_
 layer layer_ids[j] (its output, before the final norm); the last entry is the target of training.
 
 Resume: extract/finished.jsonl lists finished sample ids (one JSON line each, appended after the sample
-file was written atomically and validated); a resumed run skips exactly those ids.
+file was written atomically and validated); a resumed run skips exactly those ids whose file still has the
+recorded size and sha256 (the sha256 up to manifest.HASH_LIMIT) and redoes the others. New settings never touch
+the finished extraction: the new one is built in extract.new and swapped in when complete.
 """
 
+import hashlib
+import io
 import json
 import os
 import shutil
@@ -18,7 +22,18 @@ import torch
 from specdec_pipeline import manifest
 from specdec_pipeline.config import run_path, step_config
 from specdec_pipeline.errors import PipelineError
-from specdec_pipeline.fsutil import atomic_path, read_json, sha256_file, sha256_json, write_json
+from specdec_pipeline.fsutil import (
+    atomic_path,
+    check_space,
+    read_json,
+    recover_swap,
+    sha256_file,
+    sha256_json,
+    staging_dir,
+    swap_in,
+    write_bytes_atomic,
+    write_json,
+)
 from specdec_pipeline.prepare import load_samples
 from specdec_pipeline.progress import Progress, log
 from specdec_pipeline.target import default_layer_ids, text_config
@@ -59,75 +74,150 @@ def bytes_needed(n_tokens, n_layers, hidden, dtype):
     return n_tokens * n_layers * hidden * torch.tensor([], dtype=dtype).element_size()
 
 
-def disk_preflight(cfg, out_dir, n_tokens, n_layers, hidden, dtype):
+def disk_preflight(cfg, out_dir, n_tokens, n_layers, hidden, dtype, detail="", fix=None):
+    """Fail before anything is written when the filesystem of OUT_DIR cannot hold the remaining samples."""
     need = int(bytes_needed(n_tokens, n_layers, hidden, dtype) * float(cfg["extract"]["disk_margin"]))
-    free = shutil.disk_usage(out_dir).free
-    if need > free:
-        raise PipelineError(
-            f"extract: {out_dir} has {free / 1e9:.1f} GB free but the hidden states of the remaining samples need "
-            f"about {need / 1e9:.1f} GB ({n_tokens} tokens x {n_layers} layers x {hidden} hidden x "
-            f"{torch.tensor([], dtype=dtype).element_size()} B, margin {cfg['extract']['disk_margin']}); "
-            "point eagle3_pipeline_work_dir at a larger filesystem or lower eagle3_pipeline_max_samples.")
+    size = torch.tensor([], dtype=dtype).element_size()
+    what = (f"{n_tokens} tokens x {n_layers} layers x {hidden} hidden x {size} B, margin "
+            f"{cfg['extract']['disk_margin']}{detail}")
+    free = check_space("extract", out_dir, need, what,
+                       fix or "free space there, point eagle3_pipeline_work_dir at a larger filesystem "
+                       "or lower eagle3_pipeline_max_samples")
     return need, free
 
 
-def read_finished(path):
-    """Finished ids from finished.jsonl; a torn last line (killed mid-append) is ignored."""
+def space_needed(cfg):
+    """Bytes the whole extraction needs (for the disk-full message)."""
+    tokens = sum(len(s["input_ids"]) for s in load_samples(cfg))
+    return int(bytes_needed(tokens, len(layer_ids(cfg)), text_config(cfg).hidden_size,
+                            DTYPES[cfg["extract"]["dtype"]]) * max(float(cfg["extract"]["disk_margin"]), 1.0))
+
+
+def read_finished(path, repair=False):
+    """Finished records by id from finished.jsonl (the last record of an id wins).
+
+    A torn last line (a kill during an append) is ignored; with REPAIR it is cut off the file, so the next
+    append starts on a line of its own.
+    """
     done = {}
     if not path.exists():
         return done
-    with open(path) as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            done[rec["id"]] = rec
+    raw = path.read_bytes()
+    keep = raw if raw.endswith(b"\n") or not raw else raw[: raw.rfind(b"\n") + 1]
+    if repair and keep != raw:
+        log.info("extract: cutting a torn last line (%d bytes) off %s", len(raw) - len(keep), path)
+        with open(path, "r+b") as f:
+            f.truncate(len(keep))
+            os.fsync(f.fileno())
+    for line in keep.splitlines():
+        try:
+            rec = json.loads(line)
+            done[int(rec["id"])] = {"id": int(rec["id"]), "tokens": int(rec["tokens"]), "size": int(rec["size"]),
+                                    "sha256": str(rec["sha256"])}
+        except (ValueError, KeyError, TypeError):
+            continue
     return done
 
 
+def check_finished(out_dir, finished):
+    """Ids in FINISHED whose sample file is missing, unreadable or not the file that was recorded."""
+    bad = {}
+    for i, rec in sorted(finished.items()):
+        p = out_dir / f"data_{i}.pt"
+        try:
+            size = p.stat().st_size
+            if size != rec["size"]:
+                bad[i] = f"size {size} B, recorded {rec['size']} B"
+            elif size <= manifest.HASH_LIMIT and sha256_file(p) != rec["sha256"]:
+                bad[i] = "content differs from the recorded sha256"
+        except OSError as exc:
+            bad[i] = f"unreadable ({exc.strerror or exc})"
+    return bad
+
+
+def _rewrite_finished(path, finished):
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for _, r in sorted(finished.items())))
+
+
 def _append_finished(path, rec):
-    with open(path, "a") as f:
-        f.write(json.dumps(rec, separators=(",", ":")) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        exc.filename = exc.filename or str(path)
+        raise
+
+
+def _backend_class(cfg):
+    if cfg["extract"]["backend"] == "vllm":
+        from specdec_pipeline.backends.vllm_backend import VllmBackend  # noqa: PLC0415
+
+        return VllmBackend
+    from specdec_pipeline.backends.hf_backend import HfBackend  # noqa: PLC0415
+
+    return HfBackend
 
 
 def run(cfg):
     started = time.time()
-    out_dir = run_path(cfg, "extract")
-    state_path = out_dir / "state.json"
+    final = run_path(cfg, "extract")
+    # Everything about the new settings is checked before any file is touched.
+    samples = load_samples(cfg)
+    ids = layer_ids(cfg)
+    tc = text_config(cfg)
+    if cfg["extract"]["dtype"] not in DTYPES:
+        raise PipelineError(f"extract.dtype {cfg['extract']['dtype']!r}: expected one of {sorted(DTYPES)}; "
+                            "fix eagle3_pipeline_extract_dtype.")
+    dtype = DTYPES[cfg["extract"]["dtype"]]
+    backend_cls = _backend_class(cfg)
     identity = {"config": sha256_json(step_config(cfg, "extract")), "inputs": manifest.input_digests(cfg, "extract")}
-    if read_json(state_path) != identity and out_dir.exists():
-        log.info("extract: config or prepared data changed - starting over in %s", out_dir)
-        shutil.rmtree(out_dir)
+
+    # Same settings: resume in place. Other settings: build the new extraction in extract.new and swap it in when
+    # complete - the finished samples stay in extract/ until then (a failure or a kill loses nothing).
+    recover_swap(final)
+    state_fix = "delete it (the extraction in that directory is then started over)"
+    if not final.exists() or read_json(final / "state.json", fix=state_fix) == identity:
+        out_dir, detail, fix = final, "", None
+    else:
+        out_dir = staging_dir(final)
+        if out_dir.exists() and read_json(out_dir / "state.json", fix=state_fix) != identity:
+            log.info("extract: removing %s, an unfinished extraction with other settings", out_dir)
+            shutil.rmtree(out_dir)
+        log.info("extract: config or prepared data changed - building the new extraction in %s; %s is kept "
+                 "until it is complete", out_dir, final)
+        detail = f"; the finished extraction in {final} is kept until the new one is complete"
+        fix = (f"free space there, or remove {final} yourself to start over in its place, or lower "
+               "eagle3_pipeline_max_samples")
+    finished_path = out_dir / "finished.jsonl"
+    finished = read_finished(finished_path)
+    bad = check_finished(out_dir, finished)
+    for i, why in bad.items():
+        log.warning("extract: finished sample %s is redone: %s", out_dir / f"data_{i}.pt", why)
+        del finished[i]
+    todo = [s for s in samples if s["id"] not in finished]
+    disk_preflight(cfg, out_dir, sum(len(s["input_ids"]) for s in todo), len(ids), tc.hidden_size, dtype,
+                   detail, fix)
+
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(state_path, identity)
+    write_json(out_dir / "state.json", identity)
     # A run killed while writing a sample leaves its temporary file behind; the sample itself is not in
     # finished.jsonl, so it is redone - the stale partial file is only removed.
     for stale in out_dir.glob(".*.tmp"):
         log.info("extract: removing %s left by an interrupted run", stale.name)
         stale.unlink()
-
-    samples = load_samples(cfg)
-    ids = layer_ids(cfg)
-    tc = text_config(cfg)
-    dtype = DTYPES[cfg["extract"]["dtype"]]
-    finished_path = out_dir / "finished.jsonl"
-    finished = read_finished(finished_path)
-    todo = [s for s in samples if s["id"] not in finished]
-    disk_preflight(cfg, out_dir, sum(len(s["input_ids"]) for s in todo), len(ids), tc.hidden_size, dtype)
+    read_finished(finished_path, repair=True)
+    if bad:
+        _rewrite_finished(finished_path, finished)
     log.info("extract: %d samples, %d finished, %d to do; layers %s; backend %s", len(samples), len(finished),
              len(todo), ids, cfg["extract"]["backend"])
     prog = Progress(run_path(cfg, "progress.json"), "extract", len(samples))
     prog.resume_from(len(finished))
 
-    if cfg["extract"]["backend"] == "vllm":
-        from specdec_pipeline.backends.vllm_backend import VllmBackend as Backend  # noqa: PLC0415
-    else:
-        from specdec_pipeline.backends.hf_backend import HfBackend as Backend  # noqa: PLC0415
     if todo:
-        backend = Backend(cfg, ids, dtype)
+        backend = backend_cls(cfg, ids, dtype)
         for batch in backend.batches(todo):
             for sample, hidden_states in zip(batch, backend.run(batch), strict=True):
                 _save(out_dir, finished_path, sample, hidden_states, len(ids), tc.hidden_size, dtype)
@@ -148,7 +238,18 @@ def run(cfg):
     write_json(out_dir / "data_config.json", {"layer_ids": ids, "hidden_size": tc.hidden_size, "dtype": cfg["extract"]["dtype"],
                                               "backend": cfg["extract"]["backend"], "file_pattern": "data_{idx}.pt",
                                               "data_format_version": 1, "target": cfg["target"]["path"]})
+    if out_dir != final:
+        log.info("extract: the new extraction is complete - replacing %s", final)
+        swap_in(out_dir, final)
     return manifest.write(cfg, "extract", outputs, counts, started)
+
+
+def sample_bytes(data):
+    """torch.save of DATA into memory: the bytes depend only on the tensors (a file name would be stored in
+    the archive), so a redone sample is byte-identical and keeps its recorded sha256."""
+    buf = io.BytesIO()
+    torch.save(data, buf)
+    return buf.getvalue()
 
 
 def _save(out_dir, finished_path, sample, hidden_states, n_layers, hidden, dtype):
@@ -160,7 +261,7 @@ def _save(out_dir, finished_path, sample, hidden_states, n_layers, hidden, dtype
     def check(p):
         validate_sample(p, sample["input_ids"], sample["loss_mask"], n_layers, hidden, dtype)
 
-    with atomic_path(dest, validate=check) as tmp:
-        torch.save(data, tmp)
+    blob = sample_bytes(data)
+    write_bytes_atomic(dest, blob, validate=check)
     _append_finished(finished_path, {"id": sample["id"], "tokens": len(sample["input_ids"]),
-                                     "size": dest.stat().st_size, "sha256": sha256_file(dest)})
+                                     "size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()})

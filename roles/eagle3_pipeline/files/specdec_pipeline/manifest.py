@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from specdec_pipeline.config import run_path, step_config
+from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.fsutil import read_json, sha256_file, sha256_json, write_json
 
 HASH_LIMIT = 64 << 20
@@ -33,12 +34,24 @@ def versions():
     return out
 
 
+def read(cfg, step):
+    """The manifest of STEP, None when there is none; a damaged one is one PipelineError naming the file."""
+    path = manifest_path(cfg, step)
+    fix = f"delete {path} and re-run (the {step} step then checks its outputs and runs again where needed)"
+    man = read_json(path, fix=fix)
+    if man is not None and not (isinstance(man, dict) and isinstance(man.get("outputs"), dict)
+                                and all(isinstance(m, dict) and {"size", "sha256"} <= set(m)
+                                        for m in man["outputs"].values())):
+        raise PipelineError(f"{path}: not a {step} manifest (no outputs with size and sha256); {fix}.")
+    return man
+
+
 def outputs_digest(manifest):
     return sha256_json(manifest["outputs"]) if manifest else None
 
 
 def input_digests(cfg, step):
-    return {dep: outputs_digest(read_json(manifest_path(cfg, dep))) for dep in INPUTS[step]}
+    return {dep: outputs_digest(read(cfg, dep)) for dep in INPUTS[step]}
 
 
 def describe_outputs(cfg, paths):
@@ -51,7 +64,7 @@ def describe_outputs(cfg, paths):
 
 def is_current(cfg, step):
     """Return (True, '') when STEP can be skipped, else (False, reason)."""
-    man = read_json(manifest_path(cfg, step))
+    man = read(cfg, step)
     if man is None:
         return False, "no manifest"
     if man.get("config_hash") != sha256_json(step_config(cfg, step)):

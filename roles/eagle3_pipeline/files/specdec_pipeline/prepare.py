@@ -8,8 +8,11 @@ with the full encoding.
 """
 
 import json
+import os
 import random
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -129,9 +132,12 @@ def _token_freq(samples, dest):
 
     items = [{"input_ids": torch.tensor(s["input_ids"], dtype=torch.long),
               "loss_mask": torch.tensor(s["loss_mask"], dtype=torch.long)} for s in samples]
-    with atomic_path(dest, validate=lambda p: torch.load(p, weights_only=True)) as tmp:
-        tmp.unlink()  # speculators' function skips an existing file
-        save_token_frequency_distribution(items, str(tmp))
+    # torch.save stores the file's name in the archive: write under the final name (in a temporary directory),
+    # so the same frequencies always give the same bytes.
+    with atomic_path(dest, validate=lambda p: torch.load(p, weights_only=True)) as tmp, \
+            tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}.") as named:
+        save_token_frequency_distribution(items, str(Path(named) / dest.name))
+        os.replace(Path(named) / dest.name, tmp)
 
 
 def load_samples(cfg):

@@ -11,6 +11,9 @@ log = logging.getLogger("specdec_pipeline")
 
 
 def setup_logging(log_file=None):
+    # A log line that cannot be written (e.g. a full disk) is dropped, not printed as a traceback; the failing
+    # step reports the full disk itself.
+    logging.raiseExceptions = False
     handlers = [logging.StreamHandler(sys.stderr)]
     if log_file:
         Path(log_file).parent.mkdir(parents=True, exist_ok=True)

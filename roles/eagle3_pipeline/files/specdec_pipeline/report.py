@@ -6,7 +6,7 @@ import time
 from specdec_pipeline import STEPS
 from specdec_pipeline.config import run_path
 from specdec_pipeline.fsutil import atomic_path, dir_size, read_json
-from specdec_pipeline.manifest import manifest_path
+from specdec_pipeline.manifest import read as read_manifest
 
 
 def _plots(cfg, out):
@@ -23,7 +23,7 @@ def _plots(cfg, out):
     for m in metrics:
         if "train" in m:
             per_epoch.setdefault(m["epoch"], []).append(m["train"]["loss"])
-    mans = {s: read_json(manifest_path(cfg, s)) for s in STEPS}
+    mans = {s: read_manifest(cfg, s) for s in STEPS}
     figs = {
         "loss.png": ("training loss per epoch", "epoch", "mean loss",
                      lambda ax: ax.plot(sorted(per_epoch), [sum(v) / len(v) for _, v in sorted(per_epoch.items())], "o-"),
@@ -32,8 +32,8 @@ def _plots(cfg, out):
         "step_times.png": ("step times", "step", "seconds",
                            lambda ax: ax.bar([s for s in STEPS if mans[s]], [mans[s]["seconds"] for s in STEPS if mans[s]]),
                            any(mans.values())),
-        "disk.png": ("disk use", "step", "MB",
-                     lambda ax: ax.bar(list(STEPS), [dir_size(run_path(cfg, s)) / 1e6 for s in STEPS]), True),
+        "disk.png": ("disk use", "step", "MiB",
+                     lambda ax: ax.bar(list(STEPS), [dir_size(run_path(cfg, s)) / 2**20 for s in STEPS]), True),
     }
     for name, (title, xl, yl, draw, have) in figs.items():
         if not have:

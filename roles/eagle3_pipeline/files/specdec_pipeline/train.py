@@ -2,11 +2,13 @@
 
 The step launches train_worker in a child process: `torchrun --nproc_per_node=N` on GPUs (one process per
 GPU, FSDP inside speculators' trainer), a plain process on the CPU. Checkpoints land in train/checkpoints/<epoch>/;
-a re-run resumes after the last finished epoch (speculators' checkpointer), on the GPU.
+a re-run resumes after the last finished epoch (speculators' checkpointer), on the GPU. A training that starts
+over runs in train.new/ and replaces train/ only when it has finished.
 """
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -14,8 +16,17 @@ import time
 from specdec_pipeline import manifest
 from specdec_pipeline.config import run_path
 from specdec_pipeline.errors import PipelineError, StopAfter
-from specdec_pipeline.fsutil import read_json
+from specdec_pipeline.fsutil import (
+    check_space,
+    disk_full_error,
+    free_bytes,
+    read_json,
+    recover_swap,
+    staging_dir,
+    swap_in,
+)
 from specdec_pipeline.progress import log
+from specdec_pipeline.target import text_config
 
 
 def device_plan(cfg):
@@ -33,42 +44,93 @@ def device_plan(cfg):
     return "cpu", 1
 
 
+def space_needed(cfg, epochs=None):
+    """About the bytes speculators' checkpointer writes, kept for every epoch: the draft's weights in bf16
+    (the frozen embedding included) and Adam's two bf16 moments of every trained parameter; margin 1.2."""
+    tc = text_config(cfg)
+    h, v, i = int(tc.hidden_size), int(tc.vocab_size), int(tc.intermediate_size)
+    heads = int(tc.num_attention_heads)
+    kv = int(getattr(tc, "num_key_value_heads", None) or heads)
+    hd = h // heads
+    d = min(int(cfg["vocab"]["draft_vocab_size"]), v)
+    n_aux = max(len(cfg["extract"]["layer_ids"] or [0, 0, 0, 0]) - 1, 1)
+    layer = 2 * h * (heads + 2 * kv) * hd + heads * hd * h + 3 * h * i + 3 * h
+    trained = d * h + n_aux * h * h + int(cfg["train"]["num_layers"]) * layer + h
+    per_epoch = 2 * (v * h + trained) + 4 * trained + (64 << 10)
+    epochs = int(cfg["train"]["epochs"]) if epochs is None else epochs
+    return int(per_epoch * epochs * 1.2)
+
+
+def _work_dir(cfg, device, identity):
+    """Where the trainer writes: train/ when it resumes there (GPU, same settings), else train.new/ - the
+    finished checkpoints in train/ are replaced only when the new training has finished."""
+    final = run_path(cfg, "train")
+    fix = "delete it (the training then starts over)"
+    if device == "cuda" and final.exists() and read_json(final / "identity.json", fix=fix) == identity:
+        return final
+    work = staging_dir(final)
+    if work.exists() and not (device == "cuda" and read_json(work / "identity.json", fix=fix) == identity):
+        log.info("train: starting from epoch 0 - removing the unfinished training in %s", work)
+        shutil.rmtree(work)
+    return work
+
+
+def _run_trainer(cmd, env):
+    """Run the trainer, passing its stderr through; returns (status, the one-line error it printed or '')."""
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors="replace")
+    said = ""
+    for line in proc.stderr:
+        sys.stderr.write(line)
+        if line.startswith(WORKER_ERROR):
+            said = line[len(WORKER_ERROR):].strip()
+    return proc.wait(), said
+
+
+WORKER_ERROR = "ERROR: "
+
+
 def run(cfg):
     started = time.time()
     device, nproc = device_plan(cfg)
-    out = run_path(cfg, "train")
-    out.mkdir(parents=True, exist_ok=True)
-    ckpt = out / "checkpoints"
-    prev = read_json(out / "identity.json")
+    final = run_path(cfg, "train")
+    recover_swap(final)
     identity = {"config": manifest.sha256_json(manifest.step_config(cfg, "train")),
                 "inputs": manifest.input_digests(cfg, "train")}
     # A changed config/data starts over; so does the CPU, where speculators 0.3.0 cannot resume (see train_worker).
-    if prev != identity or device == "cpu":
-        import shutil  # noqa: PLC0415
-
-        if ckpt.exists():
-            log.info("train: starting from epoch 0 - removing old checkpoints in %s", ckpt)
-            shutil.rmtree(ckpt)
-        (out / "metrics.jsonl").unlink(missing_ok=True)
+    out = _work_dir(cfg, device, identity)
+    ckpt = out / "checkpoints"
+    done = len([p for p in ckpt.iterdir() if p.is_dir() and p.name.isdigit()]) if ckpt.exists() else 0
+    remaining = max(int(cfg["train"]["epochs"]) - done, 0)
+    check_space("train", ckpt, space_needed(cfg, remaining),
+                f"{remaining} epoch checkpoints of the draft with optimizer state"
+                + (f"; the finished training in {final} is kept until the new one is complete" if out != final else ""))
+    out.mkdir(parents=True, exist_ok=True)
     manifest.write_json(out / "identity.json", identity)
-    cmd = [sys.executable, "-m", "specdec_pipeline.train_worker", cfg["_path"], device]
+    cmd = [sys.executable, "-m", "specdec_pipeline.train_worker", cfg["_path"], device, str(out)]
     if device == "cuda":  # torchrun even for one GPU: the same FSDP + bf16 mixed-precision path as 8 GPUs
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "specdec_pipeline.train_worker", cfg["_path"], device]
+               "-m", "specdec_pipeline.train_worker", cfg["_path"], device, str(out)]
     env = dict(os.environ)
     if device == "cpu":
         env.setdefault("TORCH_COMPILE_DISABLE", "1")  # the draft's torch.compile only speeds up GPUs
     log.info("train: %s", " ".join(cmd))
-    proc = subprocess.run(cmd, env=env, check=False)
-    if proc.returncode != 0:
-        raise PipelineError(f"train: the trainer exited with status {proc.returncode}; see the log above "
+    status, said = _run_trainer(cmd, env)
+    if status != 0:
+        if said:
+            raise PipelineError(said)
+        if free_bytes(ckpt) < (64 << 20):
+            raise disk_full_error("train", ckpt, space_needed(cfg, remaining))
+        raise PipelineError(f"train: the trainer exited with status {status}; see the log above "
                             f"and {run_path(cfg, 'logs')}.")
     epochs = sorted(int(p.name) for p in ckpt.iterdir() if p.is_dir() and p.name.isdigit())
     if not epochs or epochs[-1] != int(cfg["train"]["epochs"]) - 1:
         raise PipelineError(f"train: {ckpt} holds epochs {epochs}, expected up to {int(cfg['train']['epochs']) - 1}.")
+    if out != final:
+        swap_in(out, final)
+    ckpt = final / "checkpoints"
     last = ckpt / str(epochs[-1])
-    metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    metrics = [json.loads(x) for x in (final / "metrics.jsonl").read_text().splitlines() if x.strip()]
     counts = {"device": device, "nproc": nproc, "epochs": len(epochs), "steps": sum(1 for m in metrics if "train" in m),
               "final_loss": next((m["train"]["loss"] for m in reversed(metrics) if "train" in m), None)}
-    return manifest.write(cfg, "train", [last / "config.json", last / "model.safetensors", out / "metrics.jsonl"],
+    return manifest.write(cfg, "train", [last / "config.json", last / "model.safetensors", final / "metrics.jsonl"],
                           counts, started)

@@ -1,20 +1,26 @@
 """Training process (one per GPU under torchrun, or one on the CPU): builds speculators' Eagle3DraftModel
 from the target's config, d2t/t2d and the extracted files, and runs speculators' Trainer.
 
-Usage: python -m specdec_pipeline.train_worker CONFIG.json cpu|cuda
+Usage: python -m specdec_pipeline.train_worker CONFIG.json cpu|cuda [OUT_DIR]
+
+Training files are read in sorted order and split with a seeded shuffle of our own, so the split (and the
+trained weights) never depend on the filesystem's directory order. A full disk ends the process with one
+"ERROR: train: ..." line (the train step surfaces it) instead of a traceback.
 """
 
 import json
 import logging
+import random
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 from specdec_pipeline import config as config_mod
 from specdec_pipeline import cpu_attention, vocab
 from specdec_pipeline.config import run_path
-from specdec_pipeline.fsutil import read_json, write_json
+from specdec_pipeline.fsutil import disk_full_error, is_disk_full, read_json, write_json
 from specdec_pipeline.progress import setup_logging
 from specdec_pipeline.target import target_config, text_config, vllm_layer_ids
 
@@ -79,13 +85,27 @@ def build_model(cfg, device):
     return Eagle3DraftModel(config=spec_cfg, t2d=t2d, d2t=d2t)
 
 
+def sample_files(extract_dir):
+    """data_<id>.pt files of EXTRACT_DIR ordered by id (never in the directory's own order)."""
+    found = [p for p in Path(extract_dir).glob("data_*.pt") if p.stem[5:].isdigit()]
+    return [str(p) for p in sorted(found, key=lambda p: int(p.stem[5:]))]
+
+
+def split_samples(files, ratio, seed):
+    """(train, val): a shuffle seeded by SEED of FILES (given in a fixed order), the first RATIO for training."""
+    order = list(files)
+    random.Random(seed).shuffle(order)
+    n = int(len(order) * ratio)
+    return order[:n], order[n:]
+
+
 def loaders(cfg, world_size, rank):
-    from speculators.train.data import Eagle3SampleFileDataset, create_collate_fn, split_files  # noqa: PLC0415
+    from speculators.train.data import Eagle3SampleFileDataset, create_collate_fn  # noqa: PLC0415
     from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2  # noqa: PLC0415
     from torch.utils.data import DataLoader  # noqa: PLC0415
 
     total = int(cfg["train"]["total_seq_len"])
-    train_files, val_files = split_files(str(run_path(cfg, "extract")), ratio=0.9, seed=int(cfg["train"]["seed"]))
+    train_files, val_files = split_samples(sample_files(run_path(cfg, "extract")), 0.9, int(cfg["train"]["seed"]))
     out = []
     for files in (train_files, val_files):
         ds = Eagle3SampleFileDataset(max_len=total, file_list=files)
@@ -96,10 +116,24 @@ def loaders(cfg, world_size, rank):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return train(argv)
+    except Exception as exc:
+        if not is_disk_full(exc):
+            raise
+        cfg = config_mod.load(argv[0])
+        out = Path(argv[2]) if len(argv) > 2 else run_path(cfg, "train")
+        path = getattr(exc, "filename", None) or out / "checkpoints"
+        logging.getLogger("specdec_pipeline").debug("disk full", exc_info=True)
+        print(f"ERROR: {disk_full_error('train', path, None)}", file=sys.stderr, flush=True)
+        return 28
+
+
+def train(argv):
     from speculators.train.trainer import Trainer, TrainerConfig  # noqa: PLC0415
     from speculators.train.utils import maybe_destroy_distributed, maybe_setup_distributed  # noqa: PLC0415
 
-    argv = sys.argv[1:] if argv is None else argv
     cfg = config_mod.load(argv[0])
     device = argv[1]
     setup_logging(run_path(cfg, "logs", "train.log"))
@@ -107,7 +141,7 @@ def main(argv=None):
     local_rank, world_size, rank, is_distributed = maybe_setup_distributed()
     train_loader, val_loader = loaders(cfg, world_size, rank)
     model = build_model(cfg, device)
-    out = run_path(cfg, "train")
+    out = Path(argv[2]) if len(argv) > 2 else run_path(cfg, "train")
     out.mkdir(parents=True, exist_ok=True)
     if rank == 0:
         metrics = logging.getLogger("speculators.metrics")

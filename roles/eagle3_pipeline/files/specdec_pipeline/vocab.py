@@ -3,6 +3,7 @@
 Writes vocab/d2t.npy (int64 offsets, draft -> target) and vocab/t2d.npy (bool mask over the target vocab).
 """
 
+import shutil
 import time
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 from specdec_pipeline import manifest
 from specdec_pipeline.config import run_path
 from specdec_pipeline.errors import PipelineError
-from specdec_pipeline.fsutil import atomic_path
+from specdec_pipeline.fsutil import atomic_path, recover_swap, staging_dir, swap_in
 from specdec_pipeline.target import text_config
 
 
@@ -37,10 +38,17 @@ def run(cfg):
         raise PipelineError(f"vocab.draft_vocab_size {draft_vocab}: expected 1..{target_vocab} (the target vocab of "
                             f"{cfg['target']['path']}); lower eagle3_pipeline_draft_vocab_size.")
     d2t, t2d = build_vocab_mappings_from_distribution(freq, draft_vocab, target_vocab)
-    out = run_path(cfg, "vocab")
-    out.mkdir(parents=True, exist_ok=True)
+    # Both files are built in vocab.new and replace the earlier pair together.
+    final = run_path(cfg, "vocab")
+    recover_swap(final)
+    out = staging_dir(final)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
     _save_npy(out / "d2t.npy", d2t.numpy())
     _save_npy(out / "t2d.npy", t2d.numpy())
+    swap_in(out, final)
+    out = final
     masked_total = sum(freq.values())
     covered = sum(c for tid, c in freq.items() if t2d[int(tid)])
     counts = {"draft_vocab_size": draft_vocab, "target_vocab_size": target_vocab,
