@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from specdec_pipeline import config as config_mod
-from specdec_pipeline import cpu_attention, vocab
+from specdec_pipeline import cpu_attention, fsdp_init, vocab
 from specdec_pipeline.config import run_path
 from specdec_pipeline.fsutil import disk_full_error, is_disk_full, read_json, write_json
 from specdec_pipeline.progress import setup_logging
@@ -141,6 +141,8 @@ def train(argv):
     local_rank, world_size, rank, is_distributed = maybe_setup_distributed()
     train_loader, val_loader = loaders(cfg, world_size, rank)
     model = build_model(cfg, device)
+    if is_distributed:  # speculators' FSDP start would leave the norms uninitialised (see fsdp_init)
+        fsdp_init.make_norms_resettable(model)
     out = Path(argv[2]) if len(argv) > 2 else run_path(cfg, "train")
     out.mkdir(parents=True, exist_ok=True)
     if rank == 0:
@@ -149,8 +151,8 @@ def train(argv):
         metrics.addHandler(MetricsFile(out / "metrics.jsonl", run_path(cfg, "progress.json"),
                                        int(cfg["train"]["epochs"]), len(train_loader)))
     ckpt = out / "checkpoints"
-    # speculators 0.3.0's single-process checkpointer reloads onto cuda:0: resume only on GPUs.
-    resume = device == "cuda"
+    # speculators 0.3.0's single-process checkpointer reloads onto cuda:0; its distributed one (torchrun) onto the CPU.
+    resume = device == "cuda" or is_distributed
     tcfg = TrainerConfig(
         lr=float(cfg["train"]["lr"]), num_epochs=int(cfg["train"]["epochs"]), save_path=str(ckpt),
         resume_from_checkpoint=resume, is_distributed=is_distributed,
