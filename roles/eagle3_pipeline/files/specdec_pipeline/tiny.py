@@ -6,6 +6,7 @@ prepare must build loss masks without offset mappings.
 """
 
 import json
+import sys
 import tempfile
 from pathlib import Path
 
@@ -56,7 +57,35 @@ def build(dataset, out, vocab_size=512, hidden_size=64, layers=8, heads=4, kv_he
     return True
 
 
-def main(argv):
-    changed = build(argv[0], argv[1])
+SHAPES = ("hidden_size", "layers", "heads", "kv_heads")
+
+
+def parse_shape(text):
+    """'heads=2,kv_heads=1' -> {"heads": 2, "kv_heads": 1}; the head size is hidden_size // heads.
+
+    vLLM's CPU attention takes head sizes 32, 64, 80, ... only: hidden_size=64,heads=2,kv_heads=1 gives 32.
+    """
+    shape = {}
+    for part in [p for p in (text or "").split(",") if p.strip()]:
+        key, _, value = part.partition("=")
+        key = key.strip()
+        if key not in SHAPES or not value.strip().isdigit() or int(value) < 1:
+            raise ValueError(f"tiny target shape {text!r}: expected comma-separated KEY=N with KEY in "
+                             f"{', '.join(SHAPES)} and N >= 1, e.g. heads=2,kv_heads=1")
+        shape[key] = int(value)
+    merged = {"hidden_size": 64, "heads": 4, "kv_heads": 2, **shape}
+    if merged["hidden_size"] % merged["heads"] or merged["heads"] % merged["kv_heads"]:
+        raise ValueError(f"tiny target shape {text!r}: hidden_size must be a multiple of heads and heads a "
+                         "multiple of kv_heads")
+    return shape
+
+
+def main(argv, shape=""):
+    try:
+        kwargs = parse_shape(shape)
+    except ValueError as exc:
+        print(f"ERROR: {exc}", file=sys.stderr)
+        return 2
+    changed = build(argv[0], argv[1], **kwargs)
     print(json.dumps({"changed": changed, "path": argv[1]}))
     return 0
