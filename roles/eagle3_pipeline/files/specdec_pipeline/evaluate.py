@@ -432,10 +432,9 @@ def run(cfg):
         print(f"evaluate: measuring ({why})", file=sys.stderr, flush=True)
         started = time.time()
         out_path(cfg).mkdir(parents=True, exist_ok=True)
-        variants = {}
+        variants = {"trained": measure(cfg, "trained", Path(cfg["export_dir"]), prompts)}
         if cfg["baseline"]:
             variants["baseline"] = measure(cfg, "baseline", None, prompts)
-        variants["trained"] = measure(cfg, "trained", Path(cfg["export_dir"]), prompts)
         if cfg["control"]:
             control_dir = build_control_draft(cfg["export_dir"], out_path(cfg, "control-draft"), cfg["seed"])
             variants["control"] = measure(cfg, "control", control_dir, prompts)
