@@ -389,7 +389,7 @@ def report_lines(run_dir):
         if not r:
             continue
         sp = res["speedup"].get(name)
-        lines.append(f"| {name} | {r.get('acceptance_length', '-') or '-'} | {r.get('acceptance_rate', '-') or '-'} | "
+        lines.append(f"| {name} | {_dash(r.get('acceptance_length'))} | {_dash(r.get('acceptance_rate'))} | "
                      f"{', '.join(str(x) for x in r.get('per_position', [])) or '-'} | {r['output_tokens_per_s']} | "
                      f"{f'{sp:.2f}x' if sp else '-'} |")
     lines.append("")
@@ -399,6 +399,10 @@ def report_lines(run_dir):
     if res.get("plot"):
         lines += ["", f"![acceptance per draft position]({res['plot']})"]
     return lines + [""]
+
+
+def _dash(value):
+    return "-" if value is None else value
 
 
 def _update_report(cfg, results):
