@@ -13,7 +13,8 @@ from specdec_pipeline.errors import PipelineError
 DEFAULTS = {
     "run_dir": None,                 # required: everything of this run lives below it
     "target": {"path": None, "trust_remote_code": True, "use_fast": True},
-    "dataset": {"source": None, "split": "train", "max_samples": None, "seed": 0},
+    "dataset": {"source": None, "split": "train", "max_samples": None, "seed": 0,
+                "heldout": 0},               # conversations kept out of training for the evaluate stage
     "seq_length": 2048,
     "min_mask_share": 0.9,           # fail prepare when fewer samples have a non-empty loss mask
     "extract": {
@@ -80,6 +81,9 @@ def load(path):
     if cfg["extract"]["backend"] not in ("transformers", "vllm"):
         raise PipelineError(f"{path}: extract.backend is {cfg['extract']['backend']!r}; "
                             "expected 'transformers' or 'vllm'.")
+    if not isinstance(cfg["dataset"]["heldout"], int) or cfg["dataset"]["heldout"] < 0:
+        raise PipelineError(f"{path}: dataset.heldout is {cfg['dataset']['heldout']!r}; expected a whole number "
+                            ">= 0 (conversations held out of training for evaluation).")
     if not 0 <= float(cfg["min_mask_share"]) <= 1:
         raise PipelineError(f"{path}: min_mask_share must be between 0 and 1.")
     cfg["_path"] = str(path)

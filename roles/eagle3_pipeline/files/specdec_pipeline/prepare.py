@@ -84,6 +84,15 @@ def run(cfg):
     rng = random.Random(cfg["dataset"]["seed"])
     order = list(range(len(convs)))
     rng.shuffle(order)
+    heldout_n = int(cfg["dataset"].get("heldout") or 0)
+    if heldout_n and heldout_n >= len(order):
+        raise PipelineError(f"prepare: dataset.heldout is {heldout_n} but {cfg['dataset']['source']} has only "
+                            f"{len(order)} conversations; hold out fewer so some remain for training.")
+    heldout_idx, order = order[:heldout_n], order[heldout_n:]
+    # Decontaminate: a training conversation that opens with a held-out prompt would leak it.
+    held_prompts = {_prompt_key(convs[i]) for i in heldout_idx}
+    contaminated = [i for i in order if _prompt_key(convs[i]) in held_prompts] if heldout_idx else []
+    order = [i for i in order if i not in set(contaminated)]
     if cfg["dataset"]["max_samples"]:
         order = order[: int(cfg["dataset"]["max_samples"])]
     prog = Progress(run_path(cfg, "progress.json"), "prepare", len(order), unit="conversations")
@@ -112,14 +121,48 @@ def run(cfg):
         with open(tmp, "w") as f:
             for s in samples:
                 f.write(json.dumps(s, separators=(",", ":")) + "\n")
+    heldout_path = out_dir / "heldout.jsonl"
+    heldout = _write_heldout(tok, convs, heldout_idx, int(cfg["seq_length"]), heldout_path)
     freq_path = out_dir / "token_freq.pt"
     _token_freq(samples, freq_path)
     lengths = [len(s["input_ids"]) for s in samples]
     write_json(out_dir / "lengths.json", lengths)
     prog.finish(f"{len(samples)} samples")
     counts = {"conversations": len(order), "samples": len(samples), "failed": failed, "empty_mask": empty,
-              "tokens": sum(lengths), "masked_tokens": sum(sum(s["loss_mask"]) for s in samples)}
-    return manifest.write(cfg, "prepare", [samples_path, freq_path, out_dir / "lengths.json"], counts, started)
+              "tokens": sum(lengths), "masked_tokens": sum(sum(s["loss_mask"]) for s in samples),
+              "heldout": len(heldout), "dropped_same_prompt_as_heldout": len(contaminated)}
+    return manifest.write(cfg, "prepare", [samples_path, freq_path, out_dir / "lengths.json", heldout_path], counts,
+                          started, extra={"heldout": {"file": "prepare/heldout.jsonl",
+                                                      "source_indices": sorted(r["source_index"] for r in heldout)}})
+
+
+def _prompt_key(messages):
+    """The user turns before the first assistant reply (system prompts ignored), for decontamination."""
+    key = []
+    for m in messages:
+        if m["role"] == "assistant":
+            break
+        if m["role"] == "user":
+            key.append(" ".join(m["content"].split()))
+    return tuple(key)
+
+
+def _write_heldout(tok, convs, indices, seq_length, dest):
+    """Write the held-out conversations as evaluation prompts: the turns before the first assistant reply,
+    rendered with the generation prompt (prompt_ids), plus that reply as the reference. Never trained on."""
+    rows = []
+    for idx in indices:
+        msgs = convs[idx]
+        first = next((i for i, m in enumerate(msgs) if m["role"] == "assistant"), None)
+        if not first:
+            log.warning("held-out conversation %s has no user turn before an assistant reply; not used", idx)
+            continue
+        prompt = msgs[:first]
+        ids = _encode(tok, _render(tok, prompt, add_generation_prompt=True))[:seq_length]
+        rows.append({"source_index": idx, "messages": prompt, "reference": msgs[first]["content"], "prompt_ids": ids})
+    with atomic_path(dest) as tmp:
+        tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
+    return rows
 
 
 def _token_freq(samples, dest):
