@@ -14,10 +14,10 @@ from specdec_pipeline.fsutil import write_json
 from specdec_pipeline.progress import log, setup_logging
 
 
-def _step_module(step):
-    import importlib  # noqa: PLC0415
+def _step_runner(cfg, step):
+    from specdec_pipeline import tracks  # noqa: PLC0415
 
-    return importlib.import_module(f"specdec_pipeline.{step}")
+    return tracks.runner(cfg, step)
 
 
 def run(cfg, until=None):
@@ -32,7 +32,7 @@ def run(cfg, until=None):
         else:
             log.info("%s: running (%s)", step, why)
             try:
-                _step_module(step).run(cfg)
+                _step_runner(cfg, step)(cfg)
             except StopAfter as exc:
                 stopped = str(exc)
                 break
