@@ -78,19 +78,19 @@ def test_cpu_connector_gathers_the_rows_of_a_request():
 
 
 def _server_left(marker):
-    out = subprocess.run(["ps", "-eo", "pid,args"], text=True, capture_output=True, check=True).stdout
+    out = subprocess.run(["ps", "-eww", "-o", "pid,args"], text=True, capture_output=True, check=True).stdout
     return [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
 
 
 def _sessions(marker):
     """Session ids of the server processes (the launcher starts the server in its own session)."""
-    out = subprocess.run(["ps", "-eo", "sid,args"], text=True, capture_output=True, check=True).stdout
+    out = subprocess.run(["ps", "-eww", "-o", "sid,args"], text=True, capture_output=True, check=True).stdout
     return {line.split(None, 1)[0] for line in out.splitlines()[1:] if marker in line and "ps -eo" not in line}
 
 
 def _in_sessions(sids):
     """Processes still in SIDS (vLLM's engine and worker processes carry no marker in their command line)."""
-    out = subprocess.run(["ps", "-eo", "sid,pid,args"], text=True, capture_output=True, check=True).stdout
+    out = subprocess.run(["ps", "-eww", "-o", "sid,pid,args"], text=True, capture_output=True, check=True).stdout
     return [line for line in out.splitlines()[1:] if line.split(None, 1)[0] in sids]
 
 
