@@ -22,6 +22,11 @@ from ansible_collections.specdec.eagle3.plugins.module_utils import compat
 from ansible_collections.specdec.eagle3.plugins.module_utils import patch_txn
 from ansible_collections.specdec.eagle3.plugins.module_utils.ast_probe import ProbeError
 
+# The way forward named by every refusal of a release this engine's patch sets cannot handle (README "Tracks").
+WAY_FORWARD = ("The way forward for this vLLM: the current track (specdec_track: current) - vLLM 0.25 or newer with "
+               "speculators 0.9.0 and hs-connectors 0.9.0, which need no source patches; its venv and work "
+               "directory are set beside this track's (see inventory/local-current and inventory/kimi-current).")
+
 
 class PatchError(Exception):
     pass
@@ -347,8 +352,8 @@ def _decide(target, env, tree, state, vtext, failures):
             raise PatchError(
                 "patch '%s' (%s, %s): its condition cannot be evaluated against the installed code: %s. "
                 "Installed: %s. The upstream API moved; this patch set does not support this release -- "
-                "pin a supported vLLM or add a patch set for it" % (patch["id"], patch["file"],
-                                                                   patch["distribution"], exc, vtext))
+                "pin a supported vLLM or add a patch set for it. %s" % (patch["id"], patch["file"],
+                                                                       patch["distribution"], exc, vtext, WAY_FORWARD))
         reason = "; ".join(reasons)
         if not needed:
             file_results.append(dict(base, state="not_needed", reason=reason,

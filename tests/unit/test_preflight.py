@@ -16,10 +16,10 @@ ROOT = Path(__file__).resolve().parents[2]
 LOCAL = {"ansible_host": "localhost", "ansible_connection": "local", "ansible_python_interpreter": sys.executable}
 
 
-def preflight(**extra):
+def preflight(inventory="kimi", **extra):
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(ROOT / "collections"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_STDOUT_CALLBACK="json", ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"))
-    cmd = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(ROOT / "inventory" / "kimi"),
+    cmd = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(ROOT / "inventory" / inventory),
            str(ROOT / "playbooks" / "preflight.yml"), "-e", json.dumps(extra)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     out = json.loads(proc.stdout)
@@ -33,8 +33,9 @@ def preflight(**extra):
     return proc.returncode, failures
 
 
-def test_the_kimi_sample_passes_once_its_placeholders_are_set():
-    rc, failures = preflight(**LOCAL)
+@pytest.mark.parametrize("inventory", ["kimi", "kimi-current"])
+def test_the_kimi_sample_passes_once_its_placeholders_are_set(inventory):
+    rc, failures = preflight(inventory, **LOCAL)
     assert (rc, failures) == (0, [])
 
 
@@ -46,6 +47,7 @@ def test_the_kimi_sample_passes_once_its_placeholders_are_set():
     ({"specdec_require_gpu": False}, "specdec_install_driver is true while specdec_require_gpu is false"),
     ({"specdec_gpu_compute_capability": "sm120"}, "specdec_gpu_compute_capability like 12.0"),
     ({"specdec_extra_ca_bundle": "ca.pem"}, "specdec_extra_ca_bundle must be empty or an absolute path"),
+    ({"specdec_track": "newest"}, "specdec_track is 'newest'; set it in the inventory"),
 ])
 def test_a_bad_inventory_fails_with_one_message(extra, expected):
     overrides = dict(LOCAL, **extra)

@@ -42,3 +42,27 @@ def test_patched_files_compile(host):
     site = _site(host)
     for rel in (WORKER, GENERATOR):
         host.run_expect([0], f"{VENV}/bin/python -m py_compile {site}/{rel}")
+
+
+def test_current_track_venv_is_the_released_stack(host):
+    out = host.check_output("/opt/specdec/current-env/bin/python -c \"import importlib.metadata as m; "
+                            "print(m.version('vllm'), m.version('speculators'), m.version('hs-connectors'))\"")
+    assert out == "0.33.0 0.9.0 0.9.0"
+
+
+def test_record_what_ran_for_the_compatibility_table(host):
+    """Reached only when every step of the scenario passed: the combinations it proved (scripts/compat-table)."""
+    import json  # noqa: PLC0415
+
+    test = "molecule test -s upgrade"
+    records = {
+        "upgrade-0.3.0-0.16.0": ("0.3.0", "vllm 0.16.0", "patched", "patch stage: 0.3.0 set applied and asserted"),
+        "upgrade-0.3.0-0.17.0": ("0.3.0", "vllm 0.17.0", "patched", "patch stage after the upgrade: p10 added, idempotent"),
+        "upgrade-0.3.0-0.33.0": ("0.3.0", "vllm 0.33.0", "patched", "refused before writing (moved import; way forward named)"),
+        "upgrade-0.9.0-0.33.0": ("0.9.0", "vllm 0.33.0", "current", "patch stage: nothing needed, every file as released"),
+    }
+    out = ROOT / ".cache" / "compat"
+    out.mkdir(parents=True, exist_ok=True)
+    for name, (spec, vllm, track, result) in records.items():
+        (out / f"{name}.json").write_text(json.dumps({"speculators": spec, "vllm": vllm, "track": track,
+                                                      "result": result, "test": test}) + "\n")

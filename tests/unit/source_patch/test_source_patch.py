@@ -142,6 +142,8 @@ def test_upgrade_to_moved_api_fails_before_writing(make_venv):
     with pytest.raises(PatchError, match="get_kv_cache_config_from_groups") as err:
         apply(python, load_set("speculators_0_3_0")["patches"])
     assert "vllm 0.33.0" in str(err.value)
+    # the refusal names the way forward: the current track and its pins
+    assert "specdec_track: current" in str(err.value) and "speculators 0.9.0" in str(err.value)
     assert snapshot(site) == before
 
 

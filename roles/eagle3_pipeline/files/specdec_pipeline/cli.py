@@ -5,6 +5,7 @@ the Ansible role shows) and exits 0, 3 when it stopped on purpose (e.g. no train
 """
 
 import argparse
+import importlib
 import json
 import sys
 import traceback
@@ -15,10 +16,10 @@ from specdec_pipeline.fsutil import disk_full_error, is_disk_full, recover_swap,
 from specdec_pipeline.progress import log, setup_logging
 
 
-def _step_module(step):
-    import importlib  # noqa: PLC0415
+def _step_runner(cfg, step):
+    from specdec_pipeline import tracks  # noqa: PLC0415
 
-    return importlib.import_module(f"specdec_pipeline.{step}")
+    return tracks.runner(cfg, step)
 
 
 def _space_needed(module, cfg):
@@ -30,9 +31,9 @@ def _space_needed(module, cfg):
 
 def run_step(cfg, step):
     """Run STEP; a full disk anywhere inside it becomes one PipelineError naming the step, path, need and free."""
-    module = _step_module(step)
+    module = importlib.import_module(f"specdec_pipeline.{step}")
     try:
-        return module.run(cfg)
+        return _step_runner(cfg, step)(cfg)
     except (PipelineError, StopAfter):
         raise
     except Exception as exc:

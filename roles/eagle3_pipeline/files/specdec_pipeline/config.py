@@ -12,6 +12,7 @@ from specdec_pipeline.errors import PipelineError
 
 DEFAULTS = {
     "run_dir": None,                 # required: everything of this run lives below it
+    "track": "patched",              # patched | current: which implementation runs the steps (tracks/)
     "target": {"path": None, "trust_remote_code": True, "use_fast": True},
     "dataset": {"source": None, "split": "train", "max_samples": None, "seed": 0,
                 "heldout": 0},               # conversations kept out of training for the evaluate stage
@@ -34,6 +35,24 @@ DEFAULTS = {
         "cpu_training": True,
     },
     "export": {"speculative_tokens": 3},
+    # The current track only (tracks/current.py): server-side extraction and `speculators train`.
+    "current": {
+        "device": "cuda",            # cuda | cpu (the CPU profile: CPU connector, accelerator calls redirected)
+        "hs_storage": "bf16",        # bf16 | fp8 (hs-connectors' FP8 backend: about half the disk)
+        "port": 0,                   # 0: a free port is picked at start
+        "ready_timeout_s": 1800,
+        "request_timeout_s": 900,
+        "concurrency": 8,
+        "max_model_len": None,       # None: seq_length + 1
+        "language_model_only": False,
+        "enforce_eager": False,
+        "cpu_kvcache_gib": 2,
+        "server_args": [],           # extra `vllm serve` arguments
+        "draft_attn_impl": "auto",   # auto: sdpa on the CPU or when head_dim > 128, else simple_flex_attention
+        "loss_implementation": "auto",  # auto: eager on the CPU, fused elsewhere
+        "train_data_ratio": 0.9,
+        "num_workers": 2,
+    },
 }
 
 # Config keys (dotted) each step's hash covers.
@@ -45,6 +64,15 @@ STEP_KEYS = {
               "train.ttt_step_loss_decay", "train.seed"],
     "export": ["target", "export", "extract.layer_ids"],
 }
+# Extra keys per track (the patched track's hashes stay exactly as they were).
+TRACK_KEYS = {
+    "patched": {},
+    "current": {"extract": ["track", "current.hs_storage", "current.language_model_only"],
+                "train": ["track", "current.draft_attn_impl", "current.loss_implementation",
+                          "current.train_data_ratio"],
+                "export": ["track"]},
+}
+HS_STORAGE = ("bf16", "fp8")
 
 
 def _merge(base, over, where):
@@ -84,6 +112,14 @@ def load(path):
     if not isinstance(cfg["dataset"]["heldout"], int) or cfg["dataset"]["heldout"] < 0:
         raise PipelineError(f"{path}: dataset.heldout is {cfg['dataset']['heldout']!r}; expected a whole number "
                             ">= 0 (conversations held out of training for evaluation).")
+    if cfg["track"] not in TRACK_KEYS:
+        raise PipelineError(f"{path}: track is {cfg['track']!r}; expected one of {sorted(TRACK_KEYS)} "
+                            "(specdec_track in the inventory).")
+    if cfg["current"]["hs_storage"] not in HS_STORAGE:
+        raise PipelineError(f"{path}: current.hs_storage is {cfg['current']['hs_storage']!r}; expected one of "
+                            f"{list(HS_STORAGE)} (eagle3_pipeline_hs_storage).")
+    if cfg["current"]["device"] not in ("cuda", "cpu"):
+        raise PipelineError(f"{path}: current.device is {cfg['current']['device']!r}; expected 'cuda' or 'cpu'.")
     if not 0 <= float(cfg["min_mask_share"]) <= 1:
         raise PipelineError(f"{path}: min_mask_share must be between 0 and 1.")
     cfg["_path"] = str(path)
@@ -98,7 +134,8 @@ def pick(cfg, dotted):
 
 
 def step_config(cfg, step):
-    return {k: pick(cfg, k) for k in STEP_KEYS[step]}
+    keys = STEP_KEYS[step] + TRACK_KEYS[cfg.get("track", "patched")].get(step, [])
+    return {k: pick(cfg, k) for k in keys}
 
 
 def run_path(cfg, *parts):

@@ -41,7 +41,10 @@ def build(dataset, out, vocab_size=512, hidden_size=64, layers=8, heads=4, kv_he
             user_defined_symbols=SPECIAL, byte_fallback=True, num_threads=1, normalization_rule_name="identity",
             remove_extra_whitespaces=False, split_digits=True, bos_id=1, eos_id=2, unk_id=0, pad_id=-1,
             minloglevel=2, hard_vocab_limit=False)
-        tok = LlamaTokenizer(vocab_file=str(Path(tmp) / "tok.model"), legacy=False, add_bos_token=False)
+        # Loaded from a folder holding tokenizer.model: transformers 4.x gives the slow tokenizer, 5.x converts
+        # the SentencePiece model (LlamaTokenizer(vocab_file=...) yields an empty vocabulary under 5.x).
+        (Path(tmp) / "tok.model").rename(Path(tmp) / "tokenizer.model")
+        tok = LlamaTokenizer.from_pretrained(tmp, legacy=False, add_bos_token=False)
         tok.chat_template = CHAT_TEMPLATE
         tok.save_pretrained(out)
     torch.manual_seed(seed)
