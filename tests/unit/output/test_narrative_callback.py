@@ -50,7 +50,12 @@ PLAYBOOK = textwrap.dedent("""\
             name: specdec.eagle3.eagle3_pipeline
             tasks_from: main
           vars:
-            eagle3_pipeline_layer_ids: "[2,x]"
+            specdec_venv_path: /nonexistent/venv
+            specdec_work_dir: /nonexistent/work
+            specdec_gpu_count: 0
+            specdec_prefix: /nonexistent
+            specdec_profile: test
+            eagle3_pipeline_layer_ids: "[x]"
     """)
 
 
@@ -74,6 +79,6 @@ def test_the_narrative(tmp_path):
     assert body[6] == "  round 3 of 3"
     # The argument spec failure: the task, then one line naming the argument; no spec dump.
     assert body[7].startswith("FAILED - ") and "Validating arguments against arg spec" in body[7], body
-    assert len(body) == 9, body
+    assert len(body) == 9, "\n".join(body)
     assert "eagle3_pipeline_layer_ids" in body[8]
     assert "argument_spec" not in proc.stdout and "short_description" not in proc.stdout
