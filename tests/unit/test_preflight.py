@@ -16,11 +16,34 @@ ROOT = Path(__file__).resolve().parents[2]
 LOCAL = {"ansible_host": "localhost", "ansible_connection": "local", "ansible_python_interpreter": sys.executable}
 
 
-def preflight(inventory="kimi", **extra):
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A directory shaped like the Kimi-K2.5 checkpoint as far as preflight looks: nested text_config,
+    tokenizer and weight files (empty: preflight lists them, it never loads them)."""
+    d = tmp_path_factory.mktemp("kimi")
+    (d / "config.json").write_text(json.dumps({"model_type": "kimi_k25", "text_config": {
+        "num_hidden_layers": 61, "hidden_size": 7168}}))
+    for name in ("tokenizer_config.json", "tiktoken.model", "model-00001-of-00064.safetensors"):
+        (d / name).write_text("")
+    return d
+
+
+@pytest.fixture(autouse=True)
+def _target(model_dir, monkeypatch):
+    monkeypatch.setitem(LOCAL, "eagle3_pipeline_target_path", str(model_dir))
+
+
+# Small enough for any test machine's disk; the disk test raises it.
+LOCAL["eagle3_pipeline_max_samples"] = 2
+
+
+def preflight(*raw, inventory="kimi", **extra):
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(ROOT / "collections"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_STDOUT_CALLBACK="json", ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"))
     cmd = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(ROOT / "inventory" / inventory),
            str(ROOT / "playbooks" / "preflight.yml"), "-e", json.dumps(extra)]
+    for arg in raw:
+        cmd += ["-e", arg]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     out = json.loads(proc.stdout)
     failures = []
@@ -35,7 +58,7 @@ def preflight(inventory="kimi", **extra):
 
 @pytest.mark.parametrize("inventory", ["kimi", "kimi-current"])
 def test_the_kimi_sample_passes_once_its_placeholders_are_set(inventory):
-    rc, failures = preflight(inventory, **LOCAL)
+    rc, failures = preflight(inventory=inventory, **LOCAL)
     assert (rc, failures) == (0, [])
 
 
@@ -57,3 +80,47 @@ def test_a_bad_inventory_fails_with_one_message(extra, expected):
     assert rc != 0
     assert len(failures) == 1, failures
     assert expected in failures[0], failures[0]
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    ({"eagle3_pipeline_seq_length": 0}, "eagle3_pipeline_seq_length is 0; expected a positive number"),
+    ({"eagle3_pipeline_seq_length": -5}, "eagle3_pipeline_seq_length is -5; expected a positive number"),
+    ({"eagle3_pipeline_layer_ids": [2, 30, 58, 61]},
+     "eagle3_pipeline_layer_ids is [2, 30, 58, 61]; expected decoder layer indices in 0..60"),
+    ({"eagle3_pipeline_layer_ids": [7]}, "eagle3_pipeline_layer_ids is [7]; expected a list of at least 2"),
+    ({"eagle3_pipeline_target_path": "/nonexistent/Kimi-K2.5"},
+     "eagle3_pipeline_target_path is '/nonexistent/Kimi-K2.5'; expected an existing model directory"),
+    ({"eagle3_pipeline_target_path": "models/kimi"}, "eagle3_pipeline_target_path is 'models/kimi'; expected the absolute path"),
+    ({"eagle3_pipeline_max_samples": 10**9}, "its filesystem has"),
+])
+def test_a_bad_pipeline_setting_fails_with_one_line(extra, expected):
+    rc, failures = preflight(**dict(LOCAL, **extra))
+    assert rc != 0
+    assert len(failures) == 1, failures
+    assert expected in failures[0], failures[0]
+    assert "\n" not in failures[0].strip()
+
+
+def test_a_target_without_tokenizer_and_weights_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 61, "hidden_size": 64}))
+    rc, failures = preflight(**dict(LOCAL, eagle3_pipeline_target_path=str(tmp_path)))
+    assert rc != 0
+    assert failures == [f"kimi-k25: eagle3_pipeline_target_path is '{tmp_path}'; expected config.json, a tokenizer "
+                        "and weights (*.safetensors or *.bin) in it; missing: a tokenizer, weights."], failures
+
+
+def test_layer_ids_given_as_key_value_text_get_one_line():
+    rc, failures = preflight("eagle3_pipeline_layer_ids=[2,300]", **LOCAL)
+    assert rc != 0
+    assert len(failures) == 1, failures
+    assert "eagle3_pipeline_layer_ids is the text '[2,300]'" in failures[0]
+    assert "argument_spec" not in failures[0]
+
+
+@pytest.mark.parametrize(("value", "refused"), [("false", True), ("False", True), ("no", True), ("true", False)])
+def test_build_tiny_target_given_as_key_value_text_acts_as_a_boolean(value, refused):
+    # With the tiny target off, a missing target path is refused; with it on, the target path is not checked.
+    rc, failures = preflight(f"eagle3_pipeline_build_tiny_target={value}",
+                             **dict(LOCAL, eagle3_pipeline_target_path="/nonexistent/model"))
+    assert (rc != 0) == refused, failures
+    assert bool(failures) == refused

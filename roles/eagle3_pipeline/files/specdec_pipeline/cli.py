@@ -1,4 +1,4 @@
-"""Command line: python -m specdec_pipeline CONFIG.json run [--until STEP] | status | build-tiny DATASET OUT
+"""Command line: python -m specdec_pipeline CONFIG.json run [--until STEP] | status | plan | build-tiny DATASET OUT
 
 `run` executes the steps in order, skipping each whose manifest matches; it prints one JSON line (the summary
 the Ansible role shows) and exits 0, 3 when it stopped on purpose (e.g. no training possible), 2 on bad input.
@@ -76,10 +76,23 @@ def run(cfg, until=None):
             if "export" in ran + skipped else ""}
 
 
+def plan(cfg):
+    """{step: why a run would run it, or "" when it would be skipped}. Writes nothing (check mode uses it)."""
+    out, first_stale = {}, ""
+    for step in STEPS:
+        current, why = manifest.is_current(cfg, step)
+        if first_stale:
+            out[step] = why if not current else f"after {first_stale}"
+        else:
+            out[step] = "" if current else why
+            first_stale = "" if current else step
+    return out
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="specdec_pipeline")
     parser.add_argument("config", help="run configuration JSON (or the dataset for build-tiny)")
-    parser.add_argument("command", choices=["run", "status", "build-tiny"])
+    parser.add_argument("command", choices=["run", "status", "plan", "build-tiny"])
     parser.add_argument("--until", choices=STEPS)
     parser.add_argument("--out", help="build-tiny: output directory")
     parser.add_argument("--shape", default="", help="build-tiny: e.g. heads=2,kv_heads=1 (head size 32)")
@@ -90,6 +103,9 @@ def main(argv=None):
         return tiny.main([args.config, args.out], args.shape)
     try:
         cfg = config.load(args.config)
+        if args.command == "plan":
+            print(json.dumps(plan(cfg)))
+            return 0
         setup_logging(config.run_path(cfg, "logs", "pipeline.log"))
         if args.command == "status":
             print(json.dumps({s: manifest.is_current(cfg, s)[0] for s in STEPS}))
