@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Time each pipeline step on the tiny profile and print the figures (run with the pipeline venv).
 
     .cache/venvs/pipeline/bin/python benchmarks/bench_pipeline.py [--samples 48] [--epochs 2]
@@ -35,7 +34,7 @@ def main():
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        secs, _ = pipeline(FILES / "tiny_conversations.jsonl", "build-tiny", "--out", tmp / "target")
+        secs, _unused = pipeline(FILES / "tiny_conversations.jsonl", "build-tiny", "--out", tmp / "target")
         print(f"build tiny target: {secs:.1f} s")
         cfg = tmp / "run.json"
         cfg.write_text(json.dumps({
@@ -43,7 +42,7 @@ def main():
             "dataset": {"source": str(FILES / "tiny_conversations.jsonl"), "max_samples": args.samples},
             "seq_length": 256, "vocab": {"draft_vocab_size": 128},
             "train": {"epochs": args.epochs, "total_seq_len": 256, "lr": 1e-3}}))
-        secs, _ = pipeline(cfg, "run")
+        secs, _unused = pipeline(cfg, "run")
         print(f"full run: {secs:.1f} s wall")
         for step in ("prepare", "extract", "vocab", "train", "export"):
             man = json.loads((tmp / "run" / "manifests" / f"{step}.json").read_text())
@@ -53,7 +52,7 @@ def main():
         print(f"extract: {c['tokens'] / ext['seconds']:.0f} tokens/s, {c['bytes'] / c['tokens']:.0f} B/token on disk "
               f"({len(c['layer_ids'])} layers x {c['hidden_size']} x 2 B = {len(c['layer_ids']) * c['hidden_size'] * 2} "
               "B/token of hidden states)")
-        secs, _ = pipeline(cfg, "run")
+        secs, _unused = pipeline(cfg, "run")
         print(f"no-op re-run (all manifests match): {secs:.1f} s")
     return 0
 

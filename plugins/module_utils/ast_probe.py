@@ -132,20 +132,15 @@ def _walk_defs(body):
     """Top-level statements of a body, descending into if/try/with blocks (as Python would run them)."""
     for stmt in body:
         if isinstance(stmt, ast.If):
-            for sub in _walk_defs(stmt.body):
-                yield sub
-            for sub in _walk_defs(stmt.orelse):
-                yield sub
+            yield from _walk_defs(stmt.body)
+            yield from _walk_defs(stmt.orelse)
         elif isinstance(stmt, ast.Try) or stmt.__class__.__name__ == "TryStar":
             for block in (stmt.body, stmt.orelse, stmt.finalbody):
-                for sub in _walk_defs(block):
-                    yield sub
+                yield from _walk_defs(block)
             for handler in stmt.handlers:
-                for sub in _walk_defs(handler.body):
-                    yield sub
+                yield from _walk_defs(handler.body)
         elif isinstance(stmt, ast.With):
-            for sub in _walk_defs(stmt.body):
-                yield sub
+            yield from _walk_defs(stmt.body)
         else:
             yield stmt
 
@@ -198,7 +193,7 @@ class SourceTree(object):
         if not level:
             return target
         pkg = module if self.is_package(module) else module.rpartition(".")[0]
-        for _ in range(level - 1):
+        for _level in range(level - 1):
             pkg = pkg.rpartition(".")[0]
         return pkg + ("." + target if target else "")
 
@@ -263,7 +258,7 @@ class SourceTree(object):
 
     def resolve_in_module(self, module, dotted, _hops=0):
         """Resolve a dotted expression (``Name`` or ``Name.attr``) as seen from ``module``."""
-        head, _, rest = dotted.partition(".")
+        head, _dot, rest = dotted.partition(".")
         found = self.find(module, head, _hops)
         return self.member(found, rest) if rest else found
 
@@ -327,7 +322,7 @@ class SourceTree(object):
         module, sep, path = target.partition(":")
         if not sep or not path:
             raise ProbeError("target '%s' must look like package.module:Name or package.module:Class.attr" % target)
-        head, _, rest = path.partition(".")
+        head, _dot, rest = path.partition(".")
         found = self.find(module, head)
         return self.member(found, rest) if rest else found
 

@@ -37,7 +37,7 @@ def _absolute(module, is_pkg, level, target):
     if not level:
         return target
     pkg = module if is_pkg else module.rpartition(".")[0]
-    for _ in range(level - 1):
+    for _level in range(level - 1):
         pkg = pkg.rpartition(".")[0]
     return pkg + ("." + target if target else "")
 

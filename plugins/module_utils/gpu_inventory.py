@@ -181,6 +181,11 @@ def as_dicts(gpus: list[Gpu]) -> list[dict]:
     return [asdict(g) for g in gpus]
 
 
+def _say(message) -> None:
+    """Write one line of the stand-alone CLI's report (the Ansible module never calls main())."""
+    sys.stdout.write(f"{message}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="List the NVIDIA GPUs and check them against expectations.")
     parser.add_argument("--expect-count", type=int, help="number of GPUs that must be present")
@@ -195,29 +200,29 @@ def main(argv: list[str] | None = None) -> int:
     try:
         gpus = query_gpus(args.nvidia_smi)
     except FileNotFoundError:
-        print(f"No NVIDIA GPU can be checked: {args.nvidia_smi} is not installed (install the NVIDIA driver first).")
+        _say(f"No NVIDIA GPU can be checked: {args.nvidia_smi} is not installed (install the NVIDIA driver first).")
         return 2
     except (GpuInventoryError, subprocess.TimeoutExpired) as exc:
-        print(exc)
+        _say(exc)
         return 2
-    print(format_table(gpus))
+    _say(format_table(gpus))
     license_ = query_module_license() if args.require_open_modules else None
     if args.require_open_modules and license_ is None:
-        print("modinfo nvidia found no nvidia kernel module to check the license of.")
+        _say("modinfo nvidia found no nvidia kernel module to check the license of.")
         return 1
     try:
         problems = check_inventory(gpus, expect_count=args.expect_count, expect_cc=args.expect_cc,
                                    expect_names=args.expect_name, min_driver=args.min_driver,
                                    require_persistence=args.require_persistence, module_license=license_)
     except GpuInventoryError as exc:
-        print(exc)
+        _say(exc)
         return 2
     if problems:
-        print(" ".join(problems))
+        _say(" ".join(problems))
         return 1
-    print(f"OK: {len(gpus)} GPU(s) match.")
+    _say(f"OK: {len(gpus)} GPU(s) match.")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

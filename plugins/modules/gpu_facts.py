@@ -20,7 +20,7 @@ description:
   - The parsing and the checks live in the C(gpu_inventory) module_utils file, which also runs without Ansible.
   - Reads only; it never changes the host.
 author:
-  - specdec developers
+  - specdec developers (!UNKNOWN)
 options:
   require_gpu:
     description: Whether a host without C(nvidia-smi) fails (V(true)) or is reported with RV(present=false) (V(false)).
@@ -56,13 +56,13 @@ options:
 attributes:
   check_mode:
     support: full
-    details: The module only reads, so it runs unchanged in check mode.
+    description: The module only reads, so it runs unchanged in check mode.
   diff_mode:
     support: none
-    details: Nothing is changed, so there is no diff.
+    description: Nothing is changed, so there is no diff.
   idempotent:
     support: full
-    details: Reading never changes the host; RV(changed) is always false.
+    description: Reading never changes the host; the result's C(changed) is always false.
 notes:
   - C(compute_cap) exists in C(nvidia-smi) from driver 510 on; older drivers are reported as unreadable.
 seealso:

@@ -20,7 +20,7 @@ description:
   - Imports nothing from either package and writes nothing; a run takes about a second, where finding the same
     breaks by loading the model costs one load per break.
 author:
-  - specdec.eagle3 contributors
+  - specdec developers (!UNKNOWN)
 extends_documentation_fragment:
   - specdec.eagle3.target_python
 options:

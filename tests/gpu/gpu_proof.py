@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Prove the GPU preflight and the training step on a real NVIDIA GPU, in one run.
 
 What it does (each check raises on failure; the table of figures is printed last):

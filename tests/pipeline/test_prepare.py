@@ -36,7 +36,7 @@ def test_masks_cover_exactly_the_assistant_replies(tokenizers):
 
 
 def test_truncation_to_seq_length(tokenizers):
-    slow, _ = tokenizers
+    slow, _unused = tokenizers
     conv = load_local(DATASET)[0]
     ids, mask = tokenize_conversation(slow, conv, 16)
     assert len(ids) == len(mask) == 16

@@ -28,15 +28,15 @@ def test_dense_mask_attention_equals_flex_attention(draft_steps):
 
     total = 256
     mask = _block_mask([100, 90, 40], total)
-    for _ in range(draft_steps):
+    for _unused in range(draft_steps):
         mask = extend_mask_for_draft_tokens(mask)
     kv = total * (draft_steps + 1)
     g = torch.Generator().manual_seed(draft_steps)
     q = torch.randn(1, 4, total, 16, generator=g)
     k = torch.randn(1, 2, kv, 16, generator=g)
     v = torch.randn(1, 2, kv, 16, generator=g)
-    want, _ = flex_attention_forward(None, q, k, v, mask, scaling=0.25)
-    got, _ = cpu_attention.dense_mask_attention(None, q, k, v, mask, scaling=0.25)
+    want, _unused = flex_attention_forward(None, q, k, v, mask, scaling=0.25)
+    got, _unused = cpu_attention.dense_mask_attention(None, q, k, v, mask, scaling=0.25)
     assert torch.allclose(got, want, atol=1e-5)
 
 

@@ -204,7 +204,7 @@ def test_patched_draft_model_builds_on_a_wrapped_verifier(trees, wrapped_verifie
 
 
 def test_unpatched_draft_model_fails_on_the_wrapped_verifier(trees, wrapped_verifier):
-    path, _ = wrapped_verifier
+    path, _unused = wrapped_verifier
     proc = _build(trees["unpatched"], path)
     assert proc.returncode != 0
     # 0.3.0 reads the sizes at the top level of the wrapper's config

@@ -94,8 +94,8 @@ def fetch(project: str, version: str, kind: str = "wheel") -> Path:
 
 def main(argv: list[str]) -> int:
     for spec in argv:
-        req, _, kind = spec.partition(":")
-        project, _, version = req.partition("==")
+        req, _unused, kind = spec.partition(":")
+        project, _unused, version = req.partition("==")
         print(fetch(project, version, kind or "wheel"))
     return 0
 

@@ -37,6 +37,14 @@ def _target(model_dir, monkeypatch):
 LOCAL["eagle3_pipeline_max_samples"] = 2
 
 
+def _item_failed(item):
+    """Whether one result of a looped task failed. ansible-core 2.21's json output no longer carries `failed`
+    in per-item results; a failed item still carries its `exception` (and an assert its `evaluated_to: false`)."""
+    if "failed" in item:
+        return bool(item["failed"])
+    return "exception" in item or item.get("evaluated_to") is False
+
+
 def preflight(*raw, inventory="kimi", **extra):
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(ROOT / "collections"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_STDOUT_CALLBACK="json", ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"))
@@ -51,7 +59,7 @@ def preflight(*raw, inventory="kimi", **extra):
         for task in play["tasks"]:
             for res in task["hosts"].values():
                 if res.get("failed"):  # a looped task carries the per-item messages in its results
-                    items = [i.get("msg", "") for i in res.get("results", []) if i.get("failed")]
+                    items = [i.get("msg", "") for i in res.get("results", []) if _item_failed(i)]
                     failures.append(" ".join(items) if items else res.get("msg", ""))
     return proc.returncode, failures
 

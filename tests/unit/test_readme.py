@@ -1,4 +1,4 @@
-"""The README's role-variable tables equal the roles' argument specs, and every role has specs."""
+"""The README's role-variable tables and every roles/<role>/README.md equal the roles' argument specs."""
 
 import subprocess
 import sys
@@ -10,9 +10,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_readme_role_variables_match_argument_specs():
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen-role-docs"), "--check"],
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_role_docs.py"), "--check"],
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_role_has_a_readme_for_galaxy():
+    roles = sorted(p.name for p in (ROOT / "roles").iterdir() if p.is_dir())
+    missing = [role for role in roles if not (ROOT / "roles" / role / "README.md").is_file()]
+    assert not missing, f"roles without README.md (Galaxy's importer refuses them): {missing}"
 
 
 def test_every_role_has_argument_specs_with_described_options():

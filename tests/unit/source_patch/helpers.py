@@ -22,7 +22,7 @@ def load_set(name):
 
 
 def runner(argv):
-    proc = subprocess.run(argv, capture_output=True, text=True)
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -40,7 +40,7 @@ def apply(python, patches, state="present", check_mode=False, diff_mode=False, b
 def snapshot(site):
     out = {}
     for base in ("speculators",):
-        for dirpath, _, files in os.walk(os.path.join(site, base)):
+        for dirpath, _unused, files in os.walk(os.path.join(site, base)):
             for fname in files:
                 path = os.path.join(dirpath, fname)
                 with open(path, "rb") as handle:

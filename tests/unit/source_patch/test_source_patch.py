@@ -65,7 +65,7 @@ def test_asserted_fails_on_unpatched_and_names_the_broken_calls(make_venv):
 def test_drift_from_a_real_later_file_fails_and_writes_nothing(make_venv, tmp_path):
     # the 0.4.0 generator/worker placed where 0.3.0 expects its own files
     python, site = make_venv("0.3.0", "0.16.0")
-    _, site040 = make_venv("0.4.0", None, name="other")
+    _unused, site040 = make_venv("0.4.0", None, name="other")
     for rel in ("speculators/data_generation/vllm_hidden_states_generator.py",
                 "speculators/data_generation/custom_worker.py"):
         (site / rel).write_bytes((site040 / rel).read_bytes())
@@ -120,7 +120,7 @@ def test_read_only_directory_as_root_is_reported(make_venv):
 
 
 def test_missing_distribution(make_venv):
-    python, _ = make_venv(None, "0.16.0")
+    python, _unused = make_venv(None, "0.16.0")
     with pytest.raises(EnvError, match="distribution 'speculators' is not installed"):
         apply(python, load_set("speculators_0_3_0")["patches"])
 

@@ -60,7 +60,7 @@ def test_kimi_nightly_pin_builds_the_per_commit_index_command(tmp_path):
 
 def test_nightly_with_sha256_puts_the_hash_into_the_requirement(tmp_path):
     rc, pin, argv, req = run_pin(tmp_path, **dict(KIMI, vllm_wheel_sha256=SHA.upper(), vllm_cuda_variant="cu130",
-                                                     vllm_torch_backend="auto"))
+                                                  vllm_torch_backend="auto"))
     assert rc == 0, req
     assert req == f"vllm==0.16.0rc2.dev344+gea5f903f8 --hash=sha256:{SHA}"
     assert pin["index_url"].endswith("/cu130/")
@@ -75,7 +75,7 @@ def test_nightly_with_sha256_puts_the_hash_into_the_requirement(tmp_path):
     ({"vllm_wheel_sha256": "abc"}, "is not 64 hex digits"),
 ])
 def test_bad_nightly_pins_fail_with_one_clear_message(tmp_path, override, message):
-    rc, _, _, out = run_pin(tmp_path, **dict(KIMI, **override))
+    rc, _pin, _argv, out = run_pin(tmp_path, **dict(KIMI, **override))
     assert rc != 0
     assert " ".join(message.split()) in " ".join(out.split())
 
@@ -97,7 +97,7 @@ def test_wheel_mode_reads_the_version_from_the_wheel_url(tmp_path):
 def test_bad_wheel_pins_fail_with_one_clear_message(tmp_path, override, message):
     variables = dict(vllm_install_mode="wheel", vllm_wheel="/opt/upstream/vllm-0.16.0-cp38-abi3-manylinux_2_31_x86_64.whl",
                      vllm_wheel_sha256=SHA)
-    rc, _, _, out = run_pin(tmp_path, **dict(variables, **override))
+    rc, _pin, _argv, out = run_pin(tmp_path, **dict(variables, **override))
     assert rc != 0
     assert message in " ".join(out.split())
 

@@ -26,7 +26,7 @@ def _plots(cfg, out):
     mans = {s: read_manifest(cfg, s) for s in STEPS}
     figs = {
         "loss.png": ("training loss per epoch", "epoch", "mean loss",
-                     lambda ax: ax.plot(sorted(per_epoch), [sum(v) / len(v) for _, v in sorted(per_epoch.items())], "o-"),
+                     lambda ax: ax.plot(sorted(per_epoch), [sum(v) / len(v) for _unused, v in sorted(per_epoch.items())], "o-"),
                      bool(per_epoch)),
         "lengths.png": ("sample lengths", "tokens", "samples", lambda ax: ax.hist(lengths, bins=20), bool(lengths)),
         "step_times.png": ("step times", "step", "seconds",
