@@ -4,23 +4,20 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """GPU inventory from nvidia-smi and modinfo, and the checks the GPU stack relies on.
 
-No Ansible imports: the module ``specdec.eagle3.gpu_facts`` wraps this file, and on a GPU host
-without Ansible it runs on its own::
+No Ansible imports and no process handling: the query functions take a runner, a callable that runs an
+argv list and returns ``(rc, stdout, stderr)``. The module ``specdec.eagle3.gpu_facts`` passes one built
+on ``run_command``; on a GPU host without Ansible the stand-alone check loads this file and passes one
+built on subprocess::
 
-    python3 plugins/module_utils/gpu_inventory.py --expect-count 1 --expect-cc 9.0
-
-It prints a table of the GPUs and exits 0, or prints one sentence that says what does not match
-and exits 1 (2 when nvidia-smi cannot be run at all).
+    python3 roles/gpu_verify/files/gpu_check.py --expect-count 1 --expect-cc 9.0
 """
 
 from __future__ import annotations
 
-import argparse
 import re
 import shutil
-import subprocess
-import sys
 from dataclasses import asdict, dataclass
+from typing import Callable, List, Tuple
 
 QUERY_FIELDS = ("index", "name", "compute_cap", "driver_version", "persistence_mode", "memory.total")
 NVIDIA_SMI_ARGS = ("--query-gpu=" + ",".join(QUERY_FIELDS), "--format=csv,noheader")
@@ -143,29 +140,33 @@ def check_inventory(gpus: list[Gpu], *, expect_count: int | None = None, expect_
     return problems
 
 
-def query_gpus(nvidia_smi: str = "nvidia-smi", timeout: float = 60) -> list[Gpu]:
-    """Run nvidia-smi and parse it; raise FileNotFoundError when it is not installed."""
+# Runs an argv list and returns (exit status, stdout, stderr).
+Runner = Callable[[List[str]], Tuple[int, str, str]]
+
+
+def query_gpus(runner: Runner, nvidia_smi: str = "nvidia-smi") -> list[Gpu]:
+    """Run nvidia-smi through ``runner`` and parse it; raise FileNotFoundError when it is not installed."""
     path = shutil.which(nvidia_smi)
     if path is None:
         raise FileNotFoundError(nvidia_smi)
-    proc = subprocess.run([path, *NVIDIA_SMI_ARGS], capture_output=True, text=True, timeout=timeout, check=False)
-    if proc.returncode != 0:
-        detail = (proc.stdout + proc.stderr).strip().splitlines()
+    rc, stdout, stderr = runner([path, *NVIDIA_SMI_ARGS])
+    if rc != 0:
+        detail = (stdout + stderr).strip().splitlines()
         raise GpuInventoryError(
-            f"{path} exited {proc.returncode} ({detail[0] if detail else 'no output'}); the driver is not loaded "
+            f"{path} exited {rc} ({detail[0] if detail else 'no output'}); the driver is not loaded "
             "or does not match the kernel: check dkms status and reboot after a driver install.")
-    return parse_nvidia_smi_csv(proc.stdout)
+    return parse_nvidia_smi_csv(stdout)
 
 
-def query_module_license(modinfo: str = "modinfo", module: str = "nvidia") -> str | None:
+def query_module_license(runner: Runner, modinfo: str = "modinfo", module: str = "nvidia") -> str | None:
     """License of the installed nvidia module, or None when modinfo or the module is missing."""
     path = shutil.which(modinfo) or next((p for p in ("/usr/sbin/modinfo", "/sbin/modinfo") if shutil.which(p)), None)
     if path is None:
         return None
-    proc = subprocess.run([path, module], capture_output=True, text=True, timeout=60, check=False)
-    if proc.returncode != 0:
+    rc, stdout, dummy = runner([path, module])
+    if rc != 0:
         return None
-    return parse_modinfo_license(proc.stdout)
+    return parse_modinfo_license(stdout)
 
 
 def format_table(gpus: list[Gpu]) -> str:
@@ -179,50 +180,3 @@ def format_table(gpus: list[Gpu]) -> str:
 
 def as_dicts(gpus: list[Gpu]) -> list[dict]:
     return [asdict(g) for g in gpus]
-
-
-def _say(message) -> None:
-    """Write one line of the stand-alone CLI's report (the Ansible module never calls main())."""
-    sys.stdout.write(f"{message}\n")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="List the NVIDIA GPUs and check them against expectations.")
-    parser.add_argument("--expect-count", type=int, help="number of GPUs that must be present")
-    parser.add_argument("--expect-cc", help="compute capability every GPU must have, e.g. 12.0")
-    parser.add_argument("--expect-name", action="append", help="substring a GPU name must contain (repeatable)")
-    parser.add_argument("--min-driver", help="oldest acceptable driver version, e.g. 580.65.06")
-    parser.add_argument("--require-persistence", action="store_true", help="every GPU must have persistence mode on")
-    parser.add_argument("--require-open-modules", action="store_true",
-                        help=f"the nvidia kernel module must carry the open modules' license ({OPEN_MODULE_LICENSE})")
-    parser.add_argument("--nvidia-smi", default="nvidia-smi", help="nvidia-smi executable")
-    args = parser.parse_args(argv)
-    try:
-        gpus = query_gpus(args.nvidia_smi)
-    except FileNotFoundError:
-        _say(f"No NVIDIA GPU can be checked: {args.nvidia_smi} is not installed (install the NVIDIA driver first).")
-        return 2
-    except (GpuInventoryError, subprocess.TimeoutExpired) as exc:
-        _say(exc)
-        return 2
-    _say(format_table(gpus))
-    license_ = query_module_license() if args.require_open_modules else None
-    if args.require_open_modules and license_ is None:
-        _say("modinfo nvidia found no nvidia kernel module to check the license of.")
-        return 1
-    try:
-        problems = check_inventory(gpus, expect_count=args.expect_count, expect_cc=args.expect_cc,
-                                   expect_names=args.expect_name, min_driver=args.min_driver,
-                                   require_persistence=args.require_persistence, module_license=license_)
-    except GpuInventoryError as exc:
-        _say(exc)
-        return 2
-    if problems:
-        _say(" ".join(problems))
-        return 1
-    _say(f"OK: {len(gpus)} GPU(s) match.")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
