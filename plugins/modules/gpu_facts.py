@@ -17,7 +17,8 @@ description:
     names, minimum driver version, persistence mode and open kernel modules.
   - Fails with one sentence per mismatch. When C(nvidia-smi) is absent it fails with one sentence if
     O(require_gpu=true) and returns RV(present=false) otherwise.
-  - The parsing and the checks live in the C(gpu_inventory) module_utils file, which also runs without Ansible.
+  - The parsing and the checks live in the C(gpu_inventory) module_utils file, which C(roles/gpu_verify/files/gpu_check.py)
+    also runs without Ansible.
   - Reads only; it never changes the host.
 author:
   - specdec developers (!UNKNOWN)
@@ -156,10 +157,15 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
+
+    def run(argv):
+        """The runner gpu_inventory's query functions call: argv -> (rc, stdout, stderr)."""
+        return module.run_command(argv)
+
     result = dict(changed=False, present=False, gpus=[], driver_version="", compute_capabilities=[],
                   module_license=None, problems=[])
     try:
-        gpus = query_gpus(p["nvidia_smi"])
+        gpus = query_gpus(run, p["nvidia_smi"])
     except FileNotFoundError:
         if p["require_gpu"]:
             module.fail_json(msg=f"No NVIDIA GPU can be checked: {p['nvidia_smi']} is not installed on this host; "
@@ -173,7 +179,7 @@ def main():
                   compute_capabilities=sorted({g.compute_capability for g in gpus}))
     license_ = None
     if p["require_open_modules"]:
-        license_ = query_module_license()
+        license_ = query_module_license(run)
         result["module_license"] = license_
         if license_ is None:
             license_ = ""

@@ -1,7 +1,8 @@
 """Prove the GPU preflight and the training step on a real NVIDIA GPU, in one run.
 
 What it does (each check raises on failure; the table of figures is printed last):
-  1. the GPU check (plugins/module_utils/gpu_inventory.py, the logic behind specdec.eagle3.gpu_facts) against
+  1. the GPU check (roles/gpu_verify/files/gpu_check.py with plugins/module_utils/gpu_inventory.py, the logic
+     behind specdec.eagle3.gpu_facts) against
      the real nvidia-smi: it must pass with the expected count/capability and fail, with its one sentence,
      when told to expect compute capability 12.0 (the production RTX PRO 6000 value);
   2. the pipeline on the tiny profile: build the tiny target, prepare, extract (transformers backend, bf16,
@@ -27,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ROOT / "roles" / "eagle3_pipeline" / "files"
-GPU_CLI = ROOT / "plugins" / "module_utils" / "gpu_inventory.py"
+GPU_CLI = ROOT / "roles" / "gpu_verify" / "files" / "gpu_check.py"
 DATASET = FILES / "tiny_conversations.jsonl"
 OUT = Path(os.environ.get("GPU_PROOF_OUT", "gpu-proof-out")).resolve()
 EXPECT_COUNT = os.environ.get("GPU_EXPECT_COUNT", "1")

@@ -153,7 +153,7 @@ def _fake_smi(tmp_path: Path, csv: str, rc: int = 0) -> Path:
 
 
 def _cli(*args: str, path: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "plugins" / "module_utils" / "gpu_inventory.py"), *args],
+    return subprocess.run([sys.executable, str(ROOT / "roles" / "gpu_verify" / "files" / "gpu_check.py"), *args],
                           capture_output=True, text=True, env={**os.environ, "PATH": path}, check=False)
 
 
