@@ -64,6 +64,12 @@ def preflight(*raw, inventory="kimi", **extra):
     return proc.returncode, failures
 
 
+@pytest.mark.parametrize("inventory", ["local", "local-vllm", "local-current"])
+def test_the_shipped_local_profiles_pass_as_they_are(inventory):
+    rc, failures = preflight(inventory=inventory, ansible_python_interpreter=sys.executable)
+    assert (rc, failures) == (0, [])
+
+
 @pytest.mark.parametrize("inventory", ["kimi", "kimi-current"])
 def test_the_kimi_sample_passes_once_its_placeholders_are_set(inventory):
     rc, failures = preflight(inventory=inventory, **LOCAL)
