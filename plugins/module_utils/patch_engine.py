@@ -148,8 +148,8 @@ def _read(target, env, overlay):
         with open(target.real, "rb") as handle:
             data = handle.read()
     except OSError as exc:
-        target.problem = "%s cannot be read: %s; run the task as the venv's owner (become)" % (target.label(),
-                                                                                              exc.strerror)
+        target.problem = "%s cannot be read: %s; run the task as the venv's owner (become)" % (
+            target.label(), exc.strerror)
         return
     try:
         target.original = data.decode("utf-8")
@@ -204,7 +204,7 @@ def _recover(roots, state, writing, diff_mode, out, notes, failures):
             todo = patch_txn.pending(journal)
         except patch_txn.TxnError as exc:
             raise PatchError(str(exc))
-        paths = [path for path, _, _ in todo]
+        paths = [path for path, dummy, dummy in todo]
         if state == "asserted":
             if todo:
                 failures.append("an interrupted patch run left this set half-written: %s %s not yet at the text "
@@ -352,8 +352,8 @@ def _decide(target, env, tree, state, vtext, failures):
             raise PatchError(
                 "patch '%s' (%s, %s): its condition cannot be evaluated against the installed code: %s. "
                 "Installed: %s. The upstream API moved; this patch set does not support this release -- "
-                "pin a supported vLLM or add a patch set for it. %s" % (patch["id"], patch["file"],
-                                                                       patch["distribution"], exc, vtext, WAY_FORWARD))
+                "pin a supported vLLM or add a patch set for it. %s" % (
+                    patch["id"], patch["file"], patch["distribution"], exc, vtext, WAY_FORWARD))
         reason = "; ".join(reasons)
         if not needed:
             file_results.append(dict(base, state="not_needed", reason=reason,
@@ -399,6 +399,7 @@ def _decide(target, env, tree, state, vtext, failures):
             entry["written"] = False
             entry["reason"] = "not written: another patch of this file drifted; " + entry["reason"]
     return file_results, None
+
 
 def _finish(patches, env, tree, state, out, vtext):
     if state == "asserted":

@@ -266,7 +266,7 @@ def pending(journal):
 
 def finish(journal, todo):
     """Roll an interrupted commit forward: write every pending file, then remove the journal."""
-    for path, _, new in todo:
+    for path, dummy, new in todo:
         tmp = stage(path, new, os.stat(path))
         try:
             os.rename(tmp, path)

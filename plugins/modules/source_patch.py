@@ -34,7 +34,7 @@ description:
     it is refused.
   - Patch sets ship as data under C(patch_sets/) of the collection; the action plugin reads them on the controller.
 author:
-  - specdec.eagle3 contributors
+  - specdec developers (!UNKNOWN)
 extends_documentation_fragment:
   - specdec.eagle3.target_python
 options:

@@ -116,12 +116,12 @@ def test_sigkill_during_server_side_extraction_then_exact_resume(tmp_path):
     assert 3 <= len(before) < 10
     # the server dies with the pipeline (PR_SET_PDEATHSIG), workers included
     marker = str(run_dir / "extract" / "staging")
-    for _ in range(60):
+    for dummy in range(60):
         if not _server_left(marker):
             break
         time.sleep(1)
     assert not _server_left(marker), _server_left(marker)
-    for _ in range(60):
+    for dummy in range(60):
         if not _in_sessions(server_sids):
             break
         time.sleep(1)

@@ -78,7 +78,7 @@ def test_heldout_is_part_of_the_prepare_hash(prepared):
 
 
 def test_bad_heldout_is_one_clear_line(tmp_path, prepared):
-    run_dir, _ = prepared
+    run_dir, dummy = prepared
     cfg = tmp_path / "bad.json"
     cfg.write_text(json.dumps({"run_dir": str(tmp_path / "r"), "target": {"path": str(run_dir.parent / "target")},
                                "dataset": {"source": str(DATASET), "heldout": 48}}))

@@ -96,14 +96,14 @@ def runs(tmp_path_factory, tiny_target):
 def single_started(runs):
     """The 1-process CPU run, as the train step starts it on a CPU host (plain process, no torchrun); it runs
     beside the 2-process one to keep the test short (its speed is measured by benchmarks/bench_train_cpu.py)."""
-    cfg, _ = runs["one"]
+    cfg, dummy = runs["one"]
     return subprocess.Popen([sys.executable, "-m", "specdec_pipeline.train_worker", str(cfg), "cpu"], env=_env(FILES),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 @pytest.fixture(scope="module")
 def single(runs, single_started, killed):
-    _, err = single_started.communicate(timeout=300)
+    dummy, err = single_started.communicate(timeout=300)
     assert single_started.returncode == 0, err[-4000:]
     return _metrics(runs["one"][1])
 
@@ -120,7 +120,7 @@ def killed(runs, single_started):
             os.kill(victim, signal.SIGKILL)
             break
         time.sleep(0.05)
-    out, _ = proc.communicate(timeout=120)
+    out, dummy = proc.communicate(timeout=120)
     assert victim is not None, f"epoch 1 never started (rc {proc.returncode}):\n{out[-4000:]}"
     return {"rc": proc.returncode, "out": out, "epochs": _epochs(run_dir), "rows": _metrics(run_dir)}
 
@@ -129,7 +129,7 @@ def killed(runs, single_started):
 def resumed(runs, killed):
     cfg, run_dir = runs["two"]
     proc = _torchrun(cfg, runs["base"] / "logs-resumed")
-    out, _ = proc.communicate(timeout=300)
+    out, dummy = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-4000:]
     return {"logs": _rank_logs(runs["base"] / "logs-resumed"), "rows": _metrics(run_dir)[len(killed["rows"]):],
             "run_dir": run_dir, "cfg": cfg}

@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -72,7 +71,8 @@ def target(tmp_path_factory, vllm_python):
     """The tiny target with head size 32 (vLLM's CPU attention takes 32, 64, 80, ...)."""
     out = tmp_path_factory.mktemp("tiny32") / "target"
     proc = subprocess.run([vllm_python(V016), "-m", "specdec_pipeline", str(DATASET), "build-tiny", "--out", str(out),
-                           "--shape", "heads=2,kv_heads=1"], env=_env([FILES]), capture_output=True, text=True)
+                           "--shape", "heads=2,kv_heads=1"], env=_env([FILES]), capture_output=True, text=True,
+                          check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     conf = json.loads((out / "config.json").read_text())
     assert conf["hidden_size"] // conf["num_attention_heads"] == 32
@@ -95,7 +95,7 @@ def overlay(tmp_path_factory, vllm_python):
 
 def _drive(python, site, target, *extra):
     proc = subprocess.run([python, str(HERE / "drive.py"), str(target), str(SEQ), *extra],
-                          env=_env([site, FILES]), capture_output=True, text=True, timeout=TIMEOUT)
+                          env=_env([site, FILES]), capture_output=True, text=True, timeout=TIMEOUT, check=False)
     lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
     assert lines, f"drive.py printed no result (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
     return json.loads(lines[-1]), proc.stderr
@@ -126,7 +126,7 @@ def test_ablation(spec, without, vllm_python, overlay, target):
 
 
 def test_plan_check_catches_a_request_split_over_steps(vllm_python, overlay, target):
-    site, _ = overlay(V016)
+    site, dummy = overlay(V016)
     result, stderr = _drive(vllm_python(V016), site, target, "--provoke-split")
     assert not result["ok"], f"a split request went unnoticed: {result}"
     assert "mis-sliced the batch" in result["error"] and "split over steps" in result["error"], result
@@ -142,7 +142,7 @@ def _config(path, run_dir, target, backend, max_samples=12):
 
 def _pipeline(python, site, cfg, **kw):
     return subprocess.run([python, "-m", "specdec_pipeline", str(cfg), "run", "--until", "extract"],
-                          env=_env([site, FILES]), capture_output=True, text=True, timeout=TIMEOUT, **kw)
+                          env=_env([site, FILES]), capture_output=True, text=True, timeout=TIMEOUT, check=False, **kw)
 
 
 def _load(run_dir, i):
@@ -154,7 +154,7 @@ def _load(run_dir, i):
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory, vllm_python, overlay, target):
     """One uninterrupted extraction per backend on the same target and prepared samples."""
-    site, _ = overlay(V016)
+    site, dummy = overlay(V016)
     python = vllm_python(V016)
     out = {}
     for backend in ("vllm", "transformers"):
@@ -201,7 +201,7 @@ def _lines(path):
 
 
 def test_sigkill_during_vllm_extraction_then_resume(tmp_path, vllm_python, overlay, target, runs):
-    site, _ = overlay(V016)
+    site, dummy = overlay(V016)
     python = vllm_python(V016)
     cfg = _config(tmp_path / "run.json", tmp_path / "run", target, "vllm")
     finished = tmp_path / "run" / "extract" / "finished.jsonl"

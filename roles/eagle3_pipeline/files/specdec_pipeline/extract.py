@@ -137,7 +137,7 @@ def check_finished(out_dir, finished):
 
 def _rewrite_finished(path, finished):
     with atomic_path(path) as tmp:
-        tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for _, r in sorted(finished.items())))
+        tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for dummy, r in sorted(finished.items())))
 
 
 def _append_finished(path, rec):

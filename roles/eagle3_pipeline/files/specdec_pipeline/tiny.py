@@ -70,7 +70,7 @@ def parse_shape(text):
     """
     shape = {}
     for part in [p for p in (text or "").split(",") if p.strip()]:
-        key, _, value = part.partition("=")
+        key, dummy, value = part.partition("=")
         key = key.strip()
         if key not in SHAPES or not value.strip().isdigit() or int(value) < 1:
             raise ValueError(f"tiny target shape {text!r}: expected comma-separated KEY=N with KEY in "

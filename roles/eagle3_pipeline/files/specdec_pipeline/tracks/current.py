@@ -154,7 +154,7 @@ def extract(cfg):
     _fresh_dir(cfg, "extract", out_dir)
     staging, hs_dir = out_dir / "staging", out_dir / "hidden_states"
     if staging.exists():  # what the server wrote for requests a killed run never recorded
-        log.info("extract: discarding %d files of an interrupted run in %s", sum(1 for _ in staging.iterdir()), staging)
+        log.info("extract: discarding %d files of an interrupted run in %s", sum(1 for dummy in staging.iterdir()), staging)
         shutil.rmtree(staging)
     staging.mkdir()
     hs_dir.mkdir(exist_ok=True)
