@@ -135,6 +135,11 @@ class CallbackModule(DefaultCallback):
         if not self._quiet():
             super().v2_runner_item_on_skipped(result)
 
+    def v2_runner_on_async_poll(self, result):
+        # A long task started with async/poll (the evaluate stage) reports its own result when it ends.
+        if not self._quiet():
+            super().v2_runner_on_async_poll(result)
+
     def v2_runner_retry(self, result):
         if not self._quiet():
             return super().v2_runner_retry(result)
