@@ -12,8 +12,8 @@ description:
     when it changed something (C(changed - <task>)), failed (its message, one line per argument error) or is a
     C(debug) message. Tasks that were ok or skipped print nothing, except a skipped C(include_role), which prints
     one C(skipped - <task>) line, so a role that does not apply is one line.
-  - A task polled with C(until) prints the C(progress) field of its JSON C(stdout) on every poll, so a long run
-    shows one line per poll.
+  - A task polled with C(until) prints the C(progress) field of its JSON C(stdout) when a poll brings a new
+    one; an unchanged line is repeated at most once a minute, as a sign the run is alive.
   - With C(-v) or more the output is the default callback's.
 extends_documentation_fragment:
   - ansible.builtin.default_callback
@@ -24,11 +24,13 @@ requirements:
 """
 
 import json
+import time
 
 from ansible import constants as C
 from ansible.plugins.callback.default import CallbackModule as DefaultCallback
 
 ROLE_INCLUDES = {"include_role", "import_role"}
+REPEAT_S = 60.0
 
 
 def _action(task):
@@ -57,6 +59,19 @@ class CallbackModule(DefaultCallback):
 
     def _quiet(self):
         return self._display.verbosity < 1
+
+    def _show_progress(self, result, progress):
+        """Print a progress line when it changed, or when the same line was last printed a minute ago."""
+        host = self._host(result)
+        last = getattr(self, "_last_progress", None)
+        if last is None:
+            last = self._last_progress = {}
+        now = time.monotonic()
+        seen = last.get(host)
+        if seen and seen[0] == progress and now - seen[1] < REPEAT_S:
+            return
+        last[host] = (progress, now)
+        self._display.display(f"  {host}{progress}")
 
     @staticmethod
     def _parts(result):
@@ -108,7 +123,7 @@ class CallbackModule(DefaultCallback):
             return None
         progress = _progress(res)
         if progress:
-            self._display.display(f"  {self._host(result)}{progress}")
+            self._show_progress(result, progress)
         if res.get("changed") and not (task.loop and "results" in res):
             self._display.display(f"changed - {self._host(result)}{_name(task)}", color=C.COLOR_CHANGED)
         return None
@@ -146,7 +161,7 @@ class CallbackModule(DefaultCallback):
         task, res = self._parts(result)
         progress = _progress(res)
         if progress:
-            self._display.display(f"  {self._host(result)}{progress}")
+            self._show_progress(result, progress)
         else:
             left = res.get("retries", 0) - res.get("attempts", 0)
             self._display.display(f"  {self._host(result)}{_name(task)}: retrying ({left} left)",

@@ -1,7 +1,7 @@
 """The collection's stdout callback (specdec.eagle3.narrative) tells a run as one narrative.
 
 A real ansible-playbook run on localhost with a small playbook: a role skipped as a whole is one line, ok and
-skipped tasks print nothing, a change is one line, a poll prints one progress line per round, and an argument
+skipped tasks print nothing, a change is one line, a poll prints a progress line when it changes (an unchanged one at most once a minute), and an argument
 spec failure prints the failing argument, not the whole spec.
 """
 
@@ -45,6 +45,16 @@ PLAYBOOK = textwrap.dedent("""\
           until: (poll.stdout | from_json).finished
           retries: 5
           delay: 0
+        - name: Poll a step that does not move for three rounds
+          ansible.builtin.shell: |
+            n=$(cat {{ out }}/m 2>/dev/null || echo 0); n=$((n + 1)); echo $n > {{ out }}/m
+            if [ $n -ge 4 ]; then echo '{"progress": "step: done", "finished": true}';
+            else echo '{"progress": "step: 5/9", "finished": false}'; fi
+          register: still
+          changed_when: false
+          until: (still.stdout | from_json).finished
+          retries: 5
+          delay: 0
         - name: Validate a bad list
           ansible.builtin.include_role:
             name: specdec.eagle3.eagle3_pipeline
@@ -77,8 +87,10 @@ def test_the_narrative(tmp_path):
         "  round 2 of 3",
     ], proc.stdout
     assert body[6] == "  round 3 of 3"
+    # An unchanged progress line is not repeated within a minute.
+    assert body[7:9] == ["  step: 5/9", "  step: done"], body
     # The argument spec failure: the task, then one line naming the argument; no spec dump.
-    assert body[7].startswith("FAILED - ") and "Validating arguments against arg spec" in body[7], body
-    assert len(body) == 9, "\n".join(body)
-    assert "eagle3_pipeline_layer_ids" in body[8]
+    assert body[9].startswith("FAILED - ") and "Validating arguments against arg spec" in body[9], body
+    assert len(body) == 11, "\n".join(body)
+    assert "eagle3_pipeline_layer_ids" in body[10]
     assert "argument_spec" not in proc.stdout and "short_description" not in proc.stdout
