@@ -155,6 +155,11 @@ class CallbackModule(DefaultCallback):
         if not self._quiet():
             super().v2_runner_on_async_poll(result)
 
+    def v2_runner_on_async_ok(self, result):
+        # The task's own result line follows; "ASYNC OK ... jid=..." says nothing to a reader.
+        if not self._quiet():
+            super().v2_runner_on_async_ok(result)
+
     def v2_runner_retry(self, result):
         if not self._quiet():
             return super().v2_runner_retry(result)

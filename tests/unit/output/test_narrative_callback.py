@@ -55,6 +55,11 @@ PLAYBOOK = textwrap.dedent("""\
           until: (still.stdout | from_json).finished
           retries: 5
           delay: 0
+        - name: Run something in the background and wait for it
+          ansible.builtin.command: "true"
+          async: 30
+          poll: 1
+          changed_when: false
         - name: Validate a bad list
           ansible.builtin.include_role:
             name: specdec.eagle3.eagle3_pipeline
