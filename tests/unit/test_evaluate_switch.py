@@ -33,7 +33,7 @@ def evaluate_play(inventory, tmp_path, *raw, **extra):
 def test_the_default_profile_skips_the_stage_in_one_line(tmp_path):
     rc, tasks = evaluate_play("local", tmp_path)
     assert rc == 0
-    assert len(tasks) == 1, [name for name, _ in tasks]
+    assert len(tasks) == 1, [task[0] for task in tasks]
     assert tasks[0][1].get("skipped") is True
     assert not (tmp_path / "eval-env").exists()
 
@@ -42,13 +42,13 @@ def test_the_default_profile_skips_the_stage_in_one_line(tmp_path):
 def test_the_switch_given_as_key_value_text_acts_as_a_boolean(tmp_path, value):
     rc, tasks = evaluate_play("kimi", tmp_path, f"specdec_evaluate={value}")
     assert rc == 0
-    assert [r.get("skipped") for _, r in tasks] == [True]
+    assert [res.get("skipped") for _name, res in tasks] == [True]
 
 
 def test_switched_on_the_role_runs(tmp_path):
     rc, tasks = evaluate_play("local", tmp_path, "specdec_evaluate=true")
     assert rc != 0
-    failed = [r.get("msg", "") for _, r in tasks if r.get("failed")]
+    failed = [res.get("msg", "") for _name, res in tasks if res.get("failed")]
     assert len(failed) == 1 and "run the pipeline stage first" in failed[0], failed
 
 
@@ -61,7 +61,7 @@ def test_a_given_venv_without_vllm_fails_in_one_line(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     rc, tasks = evaluate_play("local-current", tmp_path)
     assert rc != 0
-    failed = [r.get("msg", "") for _, r in tasks if r.get("failed")]
+    failed = [res.get("msg", "") for _name, res in tasks if res.get("failed")]
     assert len(failed) == 1, failed
     assert f"eagle3_evaluate_install is false but {venv}/bin/python does not import vllm" in failed[0]
     assert "\n" not in failed[0].strip()
