@@ -129,23 +129,29 @@ def _os_error(what, path, exc):
     return "%s %s: %s" % (what, path, exc.strerror or exc)
 
 
-def stage(real_path, data, st):
-    """Write ``data`` to a new temp file beside ``real_path`` with its mode and owner; returns its path."""
-    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(real_path), suffix=".tmp",
-                               dir=os.path.dirname(real_path))
+def _fill(fd, path, data, mode):
+    """Write ``data`` through the open ``fd`` of the new file ``path``, fsync it and give it ``mode``; on any
+    failure (or a kill signal raised as an exception) the partial file is removed."""
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, stat.S_IMODE(st.st_mode))
-        try:
-            os.chown(tmp, st.st_uid, st.st_gid)
-        except OSError:
-            pass
+        os.chmod(path, mode)
     except BaseException:
-        _unlink_quiet(tmp)
+        _unlink_quiet(path)
         raise
+
+
+def stage(real_path, data, st):
+    """Write ``data`` to a new temp file beside ``real_path`` with its mode and owner; returns its path."""
+    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(real_path), suffix=".tmp",
+                               dir=os.path.dirname(real_path))
+    _fill(fd, tmp, data, stat.S_IMODE(st.st_mode))
+    try:
+        os.chown(tmp, st.st_uid, st.st_gid)
+    except OSError:
+        pass
     return tmp
 
 
@@ -171,15 +177,7 @@ def write_backup(real_path, data, st):
             if exc.errno == errno.EEXIST:
                 continue
             raise
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.chmod(name, stat.S_IMODE(st.st_mode))
-        except BaseException:
-            _unlink_quiet(name)
-            raise
+        _fill(fd, name, data, stat.S_IMODE(st.st_mode))
         return name
     raise TxnError("%s: 10000 backups named %s already exist; remove old backups" % (real_path, stamp))
 
