@@ -21,16 +21,17 @@ SPECIAL = ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
 
 
 def build(dataset, out, vocab_size=512, hidden_size=64, layers=8, heads=4, kv_heads=2, seed=0):
-    """Build the tiny target in OUT (idempotent: skipped when OUT was built from the same inputs)."""
-    import sentencepiece as spm  # noqa: PLC0415
-    import torch  # noqa: PLC0415
-    from transformers import LlamaConfig, LlamaForCausalLM, LlamaTokenizer  # noqa: PLC0415
-
+    """Build the tiny target in OUT (idempotent: skipped when OUT was built from the same inputs, before
+    torch and transformers are imported, so a re-run costs a file hash)."""
     out = Path(out)
     spec = {"dataset_sha256": sha256_file(dataset), "vocab_size": vocab_size, "hidden_size": hidden_size,
             "layers": layers, "heads": heads, "kv_heads": kv_heads, "seed": seed, "template": CHAT_TEMPLATE}
     if read_json(out / "specdec_tiny.json") == spec and (out / "model.safetensors").exists():
         return False
+    import sentencepiece as spm  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+    from transformers import LlamaConfig, LlamaForCausalLM, LlamaTokenizer  # noqa: PLC0415
+
     out.mkdir(parents=True, exist_ok=True)
     texts = [m["content"] for conv in load_local(dataset) for m in conv]
     with tempfile.TemporaryDirectory(dir=out) as tmp:
