@@ -57,20 +57,21 @@ class CallbackModule(DefaultCallback):
     CALLBACK_TYPE = "stdout"
     CALLBACK_NAME = "specdec.eagle3.narrative"
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._last_progress = {}  # host label -> (last progress line printed, when)
+
     def _quiet(self):
         return self._display.verbosity < 1
 
     def _show_progress(self, result, progress):
         """Print a progress line when it changed, or when the same line was last printed a minute ago."""
         host = self._host(result)
-        last = getattr(self, "_last_progress", None)
-        if last is None:
-            last = self._last_progress = {}
         now = time.monotonic()
-        seen = last.get(host)
+        seen = self._last_progress.get(host)
         if seen and seen[0] == progress and now - seen[1] < REPEAT_S:
             return
-        last[host] = (progress, now)
+        self._last_progress[host] = (progress, now)
         self._display.display(f"  {host}{progress}")
 
     @staticmethod

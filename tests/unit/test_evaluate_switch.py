@@ -3,31 +3,21 @@ on, the eagle3_evaluate role runs. Real ansible-playbook runs of playbooks/evalu
 with the work directory and the venv in a temporary folder so nothing of a real run is touched."""
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
+import playbook_json
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def evaluate_play(inventory, tmp_path, *raw, **extra):
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(ROOT / "collections"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_STDOUT_CALLBACK="json", ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"))
     extra = {"ansible_host": "localhost", "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
              "specdec_prefix": str(tmp_path), "specdec_venv_path": str(tmp_path / "venv"),
              "specdec_work_dir": str(tmp_path / "work"), **extra}
-    cmd = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(ROOT / "inventory" / inventory),
-           str(ROOT / "playbooks" / "evaluate.yml"), "-e", json.dumps(extra)]
-    for arg in raw:
-        cmd += ["-e", arg]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
-    out = json.loads(proc.stdout)
+    rc, out = playbook_json.run("evaluate.yml", inventory, extra, raw)
     tasks = [(t["task"]["name"], next(iter(t["hosts"].values()))) for p in out["plays"] for t in p["tasks"]
              if t["task"]["name"] != "Gathering Facts"]
-    return proc.returncode, tasks
+    return rc, tasks
 
 
 def test_the_default_profile_skips_the_stage_in_one_line(tmp_path):

@@ -5,14 +5,10 @@ overrides; the host is reached through a local connection so no SSH is needed.
 """
 
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
+import playbook_json
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
 LOCAL = {"ansible_host": "localhost", "ansible_connection": "local", "ansible_python_interpreter": sys.executable}
 
 
@@ -46,14 +42,7 @@ def _item_failed(item):
 
 
 def preflight(*raw, inventory="kimi", **extra):
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(ROOT / "collections"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_STDOUT_CALLBACK="json", ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"))
-    cmd = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(ROOT / "inventory" / inventory),
-           str(ROOT / "playbooks" / "preflight.yml"), "-e", json.dumps(extra)]
-    for arg in raw:
-        cmd += ["-e", arg]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
-    out = json.loads(proc.stdout)
+    rc, out = playbook_json.run("preflight.yml", inventory, extra, raw)
     failures = []
     for play in out["plays"]:
         for task in play["tasks"]:
@@ -61,7 +50,7 @@ def preflight(*raw, inventory="kimi", **extra):
                 if res.get("failed"):  # a looped task carries the per-item messages in its results
                     items = [i.get("msg", "") for i in res.get("results", []) if _item_failed(i)]
                     failures.append(" ".join(items) if items else res.get("msg", ""))
-    return proc.returncode, failures
+    return rc, failures
 
 
 @pytest.mark.parametrize("inventory", ["local", "local-vllm", "local-current"])
