@@ -59,6 +59,12 @@ def validate_patches(patches, origin):
                     not isinstance(hunk.get("after"), str) or not hunk["before"] or hunk["before"] == hunk["after"]:
                 raise PatchError("%s hunk %d: needs non-empty string 'before' and a different string 'after'"
                                  % (where, hidx + 1))
+            formerly = hunk.get("formerly", [])
+            if not isinstance(formerly, list) or not all(
+                    isinstance(old, str) and old and old not in (hunk["before"], hunk["after"]) for old in formerly):
+                raise PatchError("%s hunk %d: 'formerly' is %r; expected a list of the texts earlier versions of "
+                                 "this hunk wrote in place of 'before', each non-empty and different from 'before' "
+                                 "and 'after'" % (where, hidx + 1, formerly))
         for cidx, cond in enumerate(patch.get("when") or []):
             msg = cond_mod.validate(cond, "%s condition %d" % (where, cidx + 1))
             if msg:
@@ -79,14 +85,26 @@ def _closest(text, anchor, limit=3):
 
 
 def hunk_state(text, hunk):
-    """'applied', 'pending' (before found once) or 'drifted' for one hunk."""
+    """'applied', 'pending' (before found once), 'outdated' (the text an earlier version of the hunk wrote,
+    listed in its 'formerly', found once) or 'drifted' for one hunk."""
     before, after = hunk["before"], hunk["after"]
     n_after = text.count(after)
     if n_after == 1 and text.count(before) == after.count(before):
         return "applied"
     if text.count(before) == 1 and (n_after == 0 or after.count(before) > 0):
         return "pending"
+    if former_text(text, hunk) is not None:
+        return "outdated"
     return "drifted"
+
+
+def former_text(text, hunk):
+    """The entry of the hunk's 'formerly' that is in TEXT in place of 'before' (once), else None."""
+    for old in hunk.get("formerly") or ():
+        if text.count(old) == 1 and text.count(hunk["before"]) == old.count(hunk["before"]) and \
+                text.count(hunk["after"]) == old.count(hunk["after"]):
+            return old
+    return None
 
 
 class _Target(object):
@@ -337,10 +355,18 @@ def _decide(target, env, tree, state, vtext, failures):
         states = [hunk_state(text, h) for h in patch["hunks"]]
         base = {"id": patch["id"], "file": path, "description": patch.get("description", "")}
         if state == "absent":
-            if all(s == "applied" for s in states):
-                for hunk in patch["hunks"]:
-                    text = text.replace(hunk["after"], hunk["before"], 1)
-                file_results.append(dict(base, state="reverted", reason="patched text restored"))
+            # An outdated hunk holds what an earlier version of the patch wrote; that version may have had fewer
+            # hunks, so beside outdated ones pending hunks are fine (the earlier version never wrote them).
+            outdated = "outdated" in states
+            if all(s == "applied" for s in states) or (outdated and (
+                    set(states) <= {"applied", "outdated"} or set(states) <= {"pending", "outdated"})):
+                for hunk, hstate in zip(patch["hunks"], states):
+                    if hstate == "applied":
+                        text = text.replace(hunk["after"], hunk["before"], 1)
+                    elif hstate == "outdated":
+                        text = text.replace(former_text(text, hunk), hunk["before"], 1)
+                file_results.append(dict(base, state="reverted", reason="patched text restored" + (
+                    " (the text an earlier version of this patch wrote)" if outdated else "")))
             elif all(s == "pending" for s in states):
                 file_results.append(dict(base, state="not_needed", reason="not applied"))
             else:
@@ -359,17 +385,25 @@ def _decide(target, env, tree, state, vtext, failures):
             file_results.append(dict(base, state="not_needed", reason=reason,
                                      text_applied=all(s == "applied" for s in states)))
             continue
+        outdated = "outdated" in states
         if all(s == "applied" for s in states):
             file_results.append(dict(base, state="already_applied", reason=reason))
-        elif all(s in ("pending", "applied") for s in states):
+        elif all(s in ("pending", "applied", "outdated") for s in states):
             if state == "asserted":
-                file_results.append(dict(base, state="drifted", reason="needed but not applied: " + reason,
-                                         pending=True))
+                why = ("applied in the text of an earlier version of this patch, needed in its current text: "
+                       if outdated else "needed but not applied: ")
+                file_results.append(dict(base, state="drifted", reason=why + reason, pending=True))
                 continue
             for hunk, hstate in zip(patch["hunks"], states):
                 if hstate == "pending":
                     text = text.replace(hunk["before"], hunk["after"], 1)
-            file_results.append(dict(base, state="applied", reason=reason))
+                elif hstate == "outdated":
+                    text = text.replace(former_text(text, hunk), hunk["after"], 1)
+            entry = dict(base, state="applied", reason=reason)
+            if outdated:
+                entry.update(updated=True, reason="updated from the text an earlier version of this patch wrote; "
+                             + reason)
+            file_results.append(entry)
         else:
             drift.append((patch, states))
     if not drift:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import stat
 from pathlib import Path
@@ -11,10 +12,27 @@ import yaml
 
 from helpers import STATES, apply, load_set, snapshot
 
-from ansible_collections.specdec.eagle3.plugins.module_utils.patch_engine import PatchError
+from ansible_collections.specdec.eagle3.plugins.module_utils.patch_engine import PatchError, validate_patches
 from ansible_collections.specdec.eagle3.plugins.module_utils.pyenv import EnvError
 
 CASES = yaml.safe_load((Path(__file__).parent / "cases.yml").read_text())["pairs"]
+EARLIER = yaml.safe_load((Path(__file__).parent / "earlier_patches.yml").read_text())
+SWITCH = "_specdec_trust_remote_code"
+
+
+def remote_code_arguments(path):
+    """Every trust_remote_code= argument of a call in PATH as source text, e.g. 'True' or '_specdec_...()'."""
+    tree = ast.parse(Path(path).read_text())
+    return [ast.unparse(kw.value) for node in ast.walk(tree) if isinstance(node, ast.Call)
+            for kw in node.keywords if kw.arg == "trust_remote_code"]
+
+
+def assert_switch_everywhere(site):
+    """The generator (tokenizer, config, vLLM's ModelConfig) and the draft's verifier config read the switch."""
+    generator = site / "speculators/data_generation/vllm_hidden_states_generator.py"
+    core = site / "speculators/models/eagle3/core.py"
+    assert remote_code_arguments(generator) == [SWITCH + "()"] * 3
+    assert remote_code_arguments(core) == [SWITCH + "()"]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
@@ -34,6 +52,7 @@ def test_pair_states_idempotence_assert_and_revert(case, make_venv):
     assert first["changed"] is True
     for path in {r["file"] for r in first["results"]}:
         compile(Path(path).read_bytes(), path, "exec")
+    assert_switch_everywhere(site)  # no hard-coded trust_remote_code=True is left (p01, t01)
 
     second = apply(python, patches)
     assert second["changed"] is False
@@ -158,3 +177,53 @@ def test_backup_keeps_the_original(make_venv):
     assert len(out["backups"]) == 2
     by_file = {Path(b).name.split(".")[0]: Path(b).read_bytes() for b in out["backups"]}
     assert by_file == {"vllm_hidden_states_generator": original, "core": core_original}
+
+
+@pytest.mark.parametrize("name,spec", [("speculators_0_3_0", "0.3.0"), ("speculators_0_4_0", "0.4.0.1")])
+def test_a_venv_patched_by_the_earlier_p01_t01_is_updated_in_place(make_venv, name, spec):
+    python, site = make_venv(spec, "0.16.0")
+    fresh_python, fresh_site = make_venv(spec, "0.16.0", name="fresh")
+    pristine = snapshot(site)
+    current = load_set(name)["patches"]
+    earlier_by_id = {p["id"]: p for p in EARLIER[name]}
+    earlier = [earlier_by_id.get(p["id"], p) for p in current]
+    assert "failed" not in apply(python, earlier)  # the venv as the earlier collection left it
+    old = snapshot(site)
+
+    asserted = apply(python, current, state="asserted")
+    assert asserted["failed"] is True and snapshot(site) == old
+    assert all(pid in asserted["msg"] for pid in earlier_by_id), asserted["msg"]
+    checked = apply(python, current, check_mode=True)
+    assert checked["changed"] is True and "failed" not in checked and snapshot(site) == old
+
+    updated = apply(python, current)
+    assert "failed" not in updated, updated.get("msg")
+    by_id = {r["id"]: r for r in updated["results"]}
+    for pid in earlier_by_id:
+        assert by_id[pid]["state"] == "applied" and by_id[pid]["updated"] is True, by_id[pid]
+    assert all(r["state"] in ("already_applied", "not_needed") for r in updated["results"]
+               if r["id"] not in earlier_by_id)
+    assert_switch_everywhere(site)
+    # byte-identical to the current set applied to a fresh install
+    apply(fresh_python, current)
+    assert {k[len(str(site)):]: v for k, v in snapshot(site).items()} == \
+        {k[len(str(fresh_site)):]: v for k, v in snapshot(fresh_site).items()}
+
+    again = apply(python, current)
+    assert again["changed"] is False
+    assert "failed" not in apply(python, current, state="asserted")
+    assert apply(python, current, state="absent")["changed"] is True
+    assert snapshot(site) == pristine
+
+    # state=absent straight from the earlier text restores the original too
+    assert "failed" not in apply(python, earlier)
+    reverted = apply(python, current, state="absent")
+    assert "failed" not in reverted, reverted.get("msg")
+    assert snapshot(site) == pristine
+
+
+def test_formerly_must_be_a_list_of_other_texts():
+    patch = {"id": "x01", "distribution": "speculators", "file": "speculators/a.py",
+             "hunks": [{"before": "a\n", "after": "b\n", "formerly": ["b\n"]}]}
+    with pytest.raises(PatchError, match="patch 'x01' hunk 1: 'formerly' is .* expected a list of the texts"):
+        validate_patches([patch], "set")
