@@ -1,7 +1,13 @@
 """A real small server process for the lifecycle tests: it spawns a child (as vLLM spawns workers), writes both
-pids to PIDFILE, then serves GET /health (serve), never answers (sleep) or exits with status 3 (die)."""
+pids to PIDFILE, then serves GET /health and, with the key in VLLM_API_KEY as a bearer token, GET /v1/models (serve),
+never answers (sleep), exits with status 3 (die), binds only once the file GATE exists (late: a squatter can take
+the port first; the bind failing ends it with status 1), or answers /v1/models without the key (nokey).
+
+    little_server.py MODE PORT PIDFILE [GATE]
+"""
 
 import http.server
+import os
 import subprocess
 import sys
 import time
@@ -16,13 +22,27 @@ if mode == "die":
     sys.exit(3)
 if mode == "sleep":
     time.sleep(600)
+if mode == "late":
+    while not os.path.exists(sys.argv[4]):
+        time.sleep(0.05)
+KEY = os.environ.get("VLLM_API_KEY", "")
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802 - http.server's naming
-        self.send_response(200 if self.path == "/health" else 404)
+        if self.path.startswith("/v1/"):
+            ok = mode == "nokey" or self.headers.get("Authorization") == f"Bearer {KEY}"
+            code = (200 if self.path == "/v1/models" else 404) if ok else 401
+        else:
+            code = 200 if self.path == "/health" else 404
+        self.send_response(code)
         self.end_headers()
         self.wfile.write(b"ok\n")
 
 
-http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+try:
+    server = http.server.HTTPServer(("127.0.0.1", port), Handler)
+except OSError as exc:
+    print(f"little server: cannot bind 127.0.0.1:{port} ({exc})", flush=True)
+    sys.exit(1)
+server.serve_forever()

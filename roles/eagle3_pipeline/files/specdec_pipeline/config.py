@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from specdec_pipeline.errors import PipelineError
+from specdec_pipeline.serve import owned_arg
 
 DEFAULTS = {
     "run_dir": None,                 # required: everything of this run lives below it
@@ -122,6 +123,14 @@ def load(path):
         raise PipelineError(f"{path}: current.device is {cfg['current']['device']!r}; expected 'cuda' or 'cpu'.")
     if not 0 <= float(cfg["min_mask_share"]) <= 1:
         raise PipelineError(f"{path}: min_mask_share must be between 0 and 1.")
+    if not isinstance(cfg["current"]["server_args"], list):
+        raise PipelineError(f"{path}: current.server_args is {cfg['current']['server_args']!r}; expected a list of "
+                            "strings (eagle3_pipeline_server_args).")
+    owned = owned_arg(cfg["current"]["server_args"])
+    if owned:
+        raise PipelineError(f"{path}: current.server_args (eagle3_pipeline_server_args) contains {owned!r}; the "
+                            "pipeline sets the extraction server's host (127.0.0.1), port and API key itself - remove "
+                            "it (current.port chooses a fixed port; 0 picks a free one).")
     cfg["_path"] = str(path)
     return cfg
 

@@ -4,10 +4,13 @@
 
 Runs in the evaluation venv (a vLLM new enough to serve the draft), not in the pipeline venv. For each
 variant - `baseline` (no draft), `trained` (the exported draft) and, optionally, `control` (a random-weight
-draft of the same shape) - it starts vLLM's OpenAI server on 127.0.0.1 (serve.VllmServer: readiness wait,
-timeout, always stopped), sends the same prompts (greedy unless a temperature is set; a fixed number of
+draft of the same shape) - it starts vLLM's OpenAI server on 127.0.0.1 (serve.VllmServer: a free port, a random
+API key, readiness only when the listening socket is the server's own, timeout, always stopped), sends the same
+prompts (greedy unless a temperature is set; a fixed number of
 output tokens), and reads the spec-decode counters from /metrics before and after: acceptance length
 (AL = 1 + accepted / drafts), per-position acceptance, output tokens/s and the speed-up over the baseline.
+The server's finished-request counter must grow by exactly the number of prompts sent, and the server must
+still own its port after the measurement; otherwise the variant fails in one line.
 
 Prompts: the held-out conversations prepare wrote (prepare/heldout.jsonl, never trained on) and/or a local
 JSONL of {"prompt": text} | {"prompt_ids": [...]} | {"messages": [...]} records. Results go to
@@ -30,7 +33,7 @@ from pathlib import Path
 from specdec_pipeline import metrics
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.fsutil import atomic_path, read_json, sha256_file, sha256_json, write_json
-from specdec_pipeline.serve import VllmServer
+from specdec_pipeline.serve import VllmServer, free_port, owned_arg
 
 SERVED_NAME = "specdec-target"
 DEFAULTS = {
@@ -39,7 +42,7 @@ DEFAULTS = {
     "export_dir": None,          # default <run_dir>/export
     "python": sys.executable,    # the evaluation venv's interpreter (vLLM)
     "host": "127.0.0.1",
-    "port": 8321,
+    "port": 0,                   # 0: a free port is picked for each server
     "server_args": [],           # extra vLLM arguments (e.g. --tensor-parallel-size 8 --trust-remote-code)
     "server_env": {},
     "ready_timeout_s": 900,
@@ -81,10 +84,21 @@ def load_config(path):
             raise PipelineError(f"{path}: {key} is required.")
     cfg["export_dir"] = cfg["export_dir"] or str(Path(cfg["run_dir"]) / "export")
     checks = [("num_speculative_tokens", int, 1), ("max_tokens", int, 1), ("concurrency", int, 1),
-              ("port", int, 1), ("warmup_requests", int, 0)]
+              ("port", int, 0), ("warmup_requests", int, 0)]
     for key, kind, low in checks:
         if not isinstance(cfg[key], kind) or cfg[key] < low:
             raise PipelineError(f"{path}: {key} is {cfg[key]!r}; expected a whole number >= {low}.")
+    if cfg["host"] != "127.0.0.1":
+        raise PipelineError(f"{path}: host is {cfg['host']!r}; expected '127.0.0.1' (the evaluation server must not be "
+                            "reachable from other machines).")
+    if not isinstance(cfg["server_args"], list):
+        raise PipelineError(f"{path}: server_args is {cfg['server_args']!r}; expected a list of strings "
+                            "(eagle3_evaluate_server_args).")
+    owned = owned_arg(cfg["server_args"])
+    if owned:
+        raise PipelineError(f"{path}: server_args (eagle3_evaluate_server_args) contains {owned!r}; the stage sets the "
+                            "server's host (127.0.0.1), port and API key itself - remove it (eagle3_evaluate_port "
+                            "chooses a fixed port).")
     if not isinstance(cfg["temperature"], (int, float)) or cfg["temperature"] < 0:
         raise PipelineError(f"{path}: temperature is {cfg['temperature']!r}; expected a number >= 0 (0 = greedy).")
     gate = cfg["min_acceptance_length"]
@@ -177,9 +191,9 @@ def build_control_draft(export_dir, dest, seed=0):
 
 
 # -- measuring ---------------------------------------------------------------------------------------------
-def server_argv(cfg, draft_dir):
+def server_argv(cfg, draft_dir, port=None):
     argv = [cfg["python"], "-m", "vllm.entrypoints.openai.api_server", "--model", str(cfg["target"]),
-            "--served-model-name", SERVED_NAME, "--host", cfg["host"], "--port", str(cfg["port"]),
+            "--served-model-name", SERVED_NAME, "--host", cfg["host"], "--port", str(port or cfg["port"]),
             "--seed", str(cfg["seed"]), *map(str, cfg["server_args"])]
     if draft_dir:
         argv += ["--speculative-config", json.dumps({"method": "eagle3", "model": str(draft_dir),
@@ -187,8 +201,9 @@ def server_argv(cfg, draft_dir):
     return argv
 
 
-def _post(url, body, timeout):
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+def _post(url, body, timeout, headers=None):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - http on 127.0.0.1
             return json.loads(resp.read())
@@ -199,9 +214,9 @@ def _post(url, body, timeout):
         raise PipelineError(f"evaluate: request to {url} failed ({exc}); see the server log.") from None
 
 
-def _get_text(url, timeout=30):
+def _get_text(url, timeout=30, headers=None):
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as resp:  # noqa: S310
             return resp.read().decode()
     except (urllib.error.URLError, OSError) as exc:
         raise PipelineError(f"evaluate: cannot read {url} ({exc}).") from None
@@ -215,10 +230,11 @@ def _request(srv, cfg, prompt):
     started = time.monotonic()
     if "messages" in prompt:
         resp = _post(srv.url("/v1/chat/completions"), {**common, "messages": prompt["messages"]},
-                     cfg["request_timeout_s"])
+                     cfg["request_timeout_s"], srv.auth_headers())
         text = resp["choices"][0]["message"]["content"]
     else:
-        resp = _post(srv.url("/v1/completions"), {**common, "prompt": prompt["prompt"]}, cfg["request_timeout_s"])
+        resp = _post(srv.url("/v1/completions"), {**common, "prompt": prompt["prompt"]}, cfg["request_timeout_s"],
+                     srv.auth_headers())
         text = resp["choices"][0]["text"]
     return {"tokens": int(resp["usage"]["completion_tokens"]), "seconds": time.monotonic() - started, "text": text}
 
@@ -227,18 +243,31 @@ def measure(cfg, variant, draft_dir, prompts):
     log_path = Path(cfg["run_dir"]) / "logs" / f"evaluate-serve-{variant}.log"
     env = {"HF_HUB_OFFLINE": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn", **cfg["server_env"]}
     print(f"evaluate: starting vLLM for {variant} (log {log_path})", file=sys.stderr, flush=True)
-    with VllmServer(server_argv(cfg, draft_dir), host=cfg["host"], port=cfg["port"], env=env, log_path=log_path,
-                    ready_timeout_s=cfg["ready_timeout_s"], ready_path="/health",
-                    name=f"vLLM server ({variant})") as srv:
-        for p in prompts[: cfg["warmup_requests"]]:
+    port = cfg["port"] or free_port(cfg["host"])
+    name = f"vLLM server ({variant})"
+    with VllmServer(server_argv(cfg, draft_dir, port), host=cfg["host"], port=port, env=env, log_path=log_path,
+                    ready_timeout_s=cfg["ready_timeout_s"], ready_path="/health", name=name) as srv:
+        who = f"evaluate: the {name}"
+
+        def scrape():
+            return _get_text(srv.url("/metrics"), headers=srv.auth_headers())
+
+        def finished():
+            return metrics.finished_requests(scrape(), who)
+
+        warmup = prompts[: cfg["warmup_requests"]]
+        for p in warmup:
             _request(srv, cfg, p)
-        metrics_before = _get_text(srv.url("/metrics"))
+        sent_before = metrics.check_finished(finished, 0, len(warmup), who)  # a fresh server: only our warm-up
+        metrics_before = scrape()
         before = metrics.spec_decode(metrics_before)
         started = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(max_workers=cfg["concurrency"]) as pool:
             done = list(pool.map(lambda p: _request(srv, cfg, p), prompts))
         wall = time.monotonic() - started
-        metrics_after = _get_text(srv.url("/metrics"))
+        metrics.check_finished(finished, sent_before, len(prompts), who)
+        metrics_after = scrape()
+        srv.check_ours()  # still our server: the counters read above are its own
         startup = srv.startup_s
     with atomic_path(out_path(cfg, f"metrics-{variant}.prom")) as tmp:
         tmp.write_text(metrics_after)

@@ -4,10 +4,12 @@ vLLM (0.16 to 0.34) exports the counters `vllm:spec_decode_num_drafts`, `..._num
 `..._num_accepted_tokens` and `..._num_accepted_tokens_per_pos{position="k"}`; the Prometheus client adds
 `_total` to counter samples (and `_created` timestamps, which are ignored). Values of several label sets
 (engines, model names) are summed. Acceptance length (AL) counts the bonus token: AL = 1 + accepted / drafts.
-Only the standard library is used.
+`vllm:request_success_total{finished_reason=...}` counts the finished requests: the stages compare its growth
+during a measurement with the number of requests they sent (check_finished). Only the standard library is used.
 """
 
 import re
+import time
 
 from specdec_pipeline.errors import PipelineError
 
@@ -69,6 +71,38 @@ def delta(after, before):
     out["per_pos"] = {p: v - before["per_pos"].get(p, 0.0) for p, v in after["per_pos"].items()}
     out["present"] = after["present"]
     return out
+
+
+REQUESTS = "vllm:request_success"
+
+
+def finished_requests(text, who="the server"):
+    """Sum of vllm:request_success over its label sets (stop, length, abort, error, ...)."""
+    total, present = 0.0, False
+    for name, _labels, value in parse(text):
+        if _base(name) == REQUESTS:
+            total += value
+            present = True
+    if not present:
+        raise PipelineError(f"{who} exported no {REQUESTS}_total counter on /metrics; cannot check that it served "
+                            "only our requests (do not pass --disable-log-stats in the server arguments).")
+    return int(total)
+
+
+def check_finished(fetch, before, sent, who, settle_s=5.0):
+    """Raise one line unless the counter FETCH() returns grew by exactly SENT since BEFORE. The counter may lag
+    the last answer a little: a smaller count is read again for up to SETTLE_S seconds."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        counted = fetch() - before
+        if counted >= sent or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    if counted != sent:
+        raise PipelineError(f"{who} counted {counted} finished requests while this stage sent {sent}; another "
+                            "client used the server (or a request was lost) - run it again with nothing else "
+                            "using the server.")
+    return counted
 
 
 def summarise(counts):

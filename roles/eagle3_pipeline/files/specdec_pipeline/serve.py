@@ -1,19 +1,25 @@
 """Lifecycle of a local inference server (vLLM's OpenAI server, or any HTTP server) for one measurement.
 
     with VllmServer(argv, port=8321, log_path=run_dir / "logs" / "serve.log") as srv:
-        urllib.request.urlopen(srv.url("/v1/models"))
+        urllib.request.urlopen(urllib.request.Request(srv.url("/v1/models"), headers=srv.auth_headers()))
 
-`start` checks that the port is free, starts ARGV in its own process group with its output in LOG_PATH, and
-waits until GET READY_PATH answers 200 while watching the process. Every failure is one ServeError line
-(port busy; the server exited while starting, with its exit status and log path; not ready in time). `stop`
-- called on leaving the block, on any exception, at interpreter exit and on SIGTERM/SIGINT while the block
-is active - ends the whole process group (SIGTERM, then SIGKILL after `stop_timeout_s`), so no worker the
-server spawned is left behind. Only the standard library is used: the module runs in any venv.
+`start` checks that the port is free, starts ARGV in its own session (process group) with its output in LOG_PATH
+and a fresh random API key in its environment (VLLM_API_KEY: never on a command line, never in a file), and waits
+until the server is ready and provably ours: the socket listening on the port is held by a process of the
+server's session (found in /proc/net/tcp and /proc/<pid>/fd), GET READY_PATH answers 200, and GET AUTH_PATH
+answers 200 with the key and 401 without it. A port taken by anything else is refused at once (the port is picked
+free, but another local user may bind it before the server does). `check_ours` repeats the socket check and that
+the server still runs; it is called after a measurement and on leaving the block without an error. Every failure
+is one ServeError line. `stop` - called on leaving the block, on any exception, at interpreter exit and on
+SIGTERM/SIGINT while the block is active - ends the whole process group (SIGTERM, then SIGKILL after
+`stop_timeout_s`), so no worker the server spawned is left behind. Only the standard library is used: the module
+runs in any venv. Linux only (/proc).
 """
 
 import atexit
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -46,10 +52,67 @@ def port_in_use(host, port):
 
 
 def free_port(host="127.0.0.1"):
-    """A port the kernel reports free now (for tests and for callers without a fixed port)."""
+    """A port the kernel reports free now. Another process may bind it before the server does: VllmServer's
+    socket check refuses the port then."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+# Server arguments the collection sets itself: where the server listens and its key. A user's value would expose
+# the server (--host 0.0.0.0) or replace the per-server key; vLLM accepts unique abbreviations and '_' for '-'.
+OWNED_ARGS = ("--host", "--port", "--uds", "--api-key")
+
+
+def owned_arg(args):
+    """The first of ARGS that sets one of OWNED_ARGS (e.g. '--host=0.0.0.0'), or None."""
+    for arg in map(str, args or []):
+        if not arg.startswith("--") or len(arg) < 4:
+            continue
+        name = arg.split("=", 1)[0].replace("_", "-")
+        if any(owned.startswith(name) for owned in OWNED_ARGS):
+            return arg
+    return None
+
+
+def listeners(port):
+    """[(socket inode, uid)] of every TCP socket in LISTEN state on PORT (any address, IPv4 and IPv6)."""
+    found, tables = [], 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        tables += 1
+        for row in rows:
+            f = row.split()
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                found.append((int(f[9]), int(f[7])))
+    if not tables:
+        raise ServeError("cannot tell which process listens on a port: /proc/net/tcp is not readable "
+                         "(the server check needs Linux with /proc mounted).")
+    return found
+
+
+def session_sockets(sid):
+    """Inodes of the sockets open in the processes of session (or process group) SID."""
+    inodes = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()  # state ppid pgrp session ...
+            if sid not in (int(fields[2]), int(fields[3])):
+                continue
+            for fd in os.listdir(f"/proc/{entry}/fd"):
+                with contextlib.suppress(OSError):
+                    link = os.readlink(f"/proc/{entry}/fd/{fd}")
+                    if link.startswith("socket:["):
+                        inodes.add(int(link[8:-1]))
+        except (OSError, ValueError, IndexError):
+            continue  # a process that ended while we looked
+    return inodes
 
 
 def _group_alive(pgid):
@@ -66,7 +129,8 @@ class VllmServer:
     """Context manager around one server process group; see the module docstring."""
 
     def __init__(self, argv, *, port, log_path, host="127.0.0.1", env=None, ready_timeout_s=600.0,
-                 ready_path="/health", name="vLLM server", poll_s=0.5, stop_timeout_s=30.0):
+                 ready_path="/health", auth_path="/v1/models", name="vLLM server", poll_s=0.5,
+                 stop_timeout_s=30.0):
         self.argv = [str(a) for a in argv]
         self.host = host
         self.port = int(port)
@@ -74,6 +138,8 @@ class VllmServer:
         self.log_path = Path(log_path)
         self.ready_timeout_s = float(ready_timeout_s)
         self.ready_path = ready_path if ready_path.startswith("/") else "/" + ready_path
+        self.auth_path = auth_path
+        self.api_key = None
         self.name = name
         self.poll_s = poll_s
         self.stop_timeout_s = float(stop_timeout_s)
@@ -85,13 +151,21 @@ class VllmServer:
     def url(self, path=""):
         return f"http://{self.host}:{self.port}{path}"
 
+    def auth_headers(self):
+        """The Authorization header our clients send (the server refuses /v1 requests without it)."""
+        return {"Authorization": f"Bearer {self.api_key}"}
+
     def start(self):
+        if self.host != "127.0.0.1":
+            raise ServeError(f"{self.name}: host {self.host!r}; the server listens on 127.0.0.1 only.")
         if port_in_use(self.host, self.port):
             raise ServeError(f"{self.name}: port {self.host}:{self.port} is already in use; stop whatever "
                              "listens there or choose another port.")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env.update({k: str(v) for k, v in (self.env or {}).items()})
+        self.api_key = secrets.token_urlsafe(32)
+        env["VLLM_API_KEY"] = self.api_key  # the environment only: /proc/<pid>/environ is private to the user
         started = time.monotonic()
         with open(self.log_path, "ab") as log:
             log.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(self.argv)}\n".encode())
@@ -137,25 +211,75 @@ class VllmServer:
     def __enter__(self):
         return self.start()
 
-    def __exit__(self, *exc):
-        self.stop()
+    def __exit__(self, exc_type, *exc):
+        try:
+            if exc_type is None and self.proc is not None:
+                self.check_ours()
+        finally:
+            self.stop()
         return False
 
+    def check_ours(self):
+        """Raise ServeError unless the server still runs and the socket on its port is still its own."""
+        rc = self.proc.poll() if self.proc is not None else "unknown"
+        if rc is not None:
+            raise ServeError(f"{self.name} ended (status {rc}) before the measurement was complete; what answered "
+                             f"on port {self.port} afterwards is not trusted. Its log is {self.log_path}.")
+        if not self._listening_is_ours():
+            raise ServeError(f"{self.name} no longer listens on {self.host}:{self.port}; its log is {self.log_path}.")
+
     # -- internals ------------------------------------------------------------------------------------
+    def _listening_is_ours(self):
+        """True when the server's session holds every socket listening on the port, False when none listens;
+        ServeError naming the owner's uid when another process holds one."""
+        for attempt in range(2):
+            found = listeners(self.port)
+            if not found:
+                return False
+            ours = session_sockets(self.proc.pid)  # start_new_session: the leader's pid is the session id
+            foreign = [uid for inode, uid in found if inode not in ours]
+            if not foreign:
+                return True
+            if attempt == 0:
+                time.sleep(0.05)  # a socket opened while we looked
+        raise ServeError(f"{self.name}: port {self.host}:{self.port} is held by a process that is not the server "
+                         f"we started (listening socket of uid {foreign[0]}); another program took the port - "
+                         "stop it or choose another port.")
+
+    def _get_status(self, path, headers=None):
+        req = urllib.request.Request(self.url(path), headers=headers or {})
+        try:
+            with urllib.request.urlopen(req, timeout=5) as resp:  # noqa: S310 - http on 127.0.0.1
+                return resp.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+
+    def _check_key(self):
+        """The server requires our key: AUTH_PATH answers 200 with it and 401 (or 403) without it."""
+        url = self.url(self.auth_path)
+        without = self._get_status(self.auth_path)
+        if without not in (401, 403):
+            raise ServeError(f"{self.name}: {url} answered {without} without the API key, expected 401; the server "
+                             "does not enforce VLLM_API_KEY (do not pass --api-key in the server arguments).")
+        with_key = self._get_status(self.auth_path, self.auth_headers())
+        if with_key != 200:
+            raise ServeError(f"{self.name}: {url} answered {with_key} with the server's own API key, expected 200; "
+                             f"see its log {self.log_path}.")
+
     def _wait_ready(self, started):
         deadline = started + self.ready_timeout_s
         url = self.url(self.ready_path)
         while True:
+            ours = self._listening_is_ours()  # before the exit check: a squatter is named even if the server died
             rc = self.proc.poll()
             if rc is not None:
                 raise ServeError(f"{self.name} exited with status {rc} while starting; "
                                  f"its log is {self.log_path} (see the end of it).")
-            try:
-                with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 - http on 127.0.0.1
-                    if resp.status == 200:
-                        return
-            except (urllib.error.URLError, OSError, ValueError):
-                pass
+            if ours and self._get_status(self.ready_path) == 200:
+                self._check_key()
+                return
             if time.monotonic() >= deadline:
                 raise ServeError(f"{self.name} was not ready at {url} within {self.ready_timeout_s:g} s "
                                  f"(stopped it); its log is {self.log_path}. Raise the readiness timeout "

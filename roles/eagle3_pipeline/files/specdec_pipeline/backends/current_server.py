@@ -7,27 +7,29 @@ a completion with max_tokens 1 over the prepared token ids; the connector writes
 [tokens, layers, hidden] and the token ids to one safetensors file and the response names it in
 kv_transfer_params["hidden_states_path"]. Prefix caching is off: a cached prefix would not be recomputed, so its
 rows would be missing.
+
+What the answer names is not trusted: a file is taken only when its real path lies inside the run's staging
+directory, it is a regular file (opened without following a link) and the pipeline user owns it (staged_file).
+The requests carry the server's API key, and the server's finished-request counter must grow by exactly the
+number of requests sent.
 """
 
 import fcntl
 import json
 import os
-import socket
+import stat
 import sys
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
+from specdec_pipeline import metrics
 from specdec_pipeline.errors import PipelineError
+from specdec_pipeline.serve import free_port  # noqa: F401 - the one free-port helper (tracks.current uses it)
 
 MODEL_NAME = "specdec-target"
 SCALES_KEY = "hidden_states_scales"  # hs-connectors' FP8 layout: one float32 scale per token
-
-
-def free_port(host="127.0.0.1"):
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def kv_transfer_config(device, storage, staging_dir):
@@ -77,12 +79,14 @@ def server_env(cfg):
     return env
 
 
-def request_hidden_states(base_url, input_ids, timeout):
-    """One completion over INPUT_IDS; returns the path of the hidden-states file the server wrote."""
+def request_hidden_states(base_url, input_ids, timeout, api_key=""):
+    """One completion over INPUT_IDS; returns the path of the hidden-states file the server named."""
     body = json.dumps({"model": MODEL_NAME, "prompt": list(input_ids), "max_tokens": 1,
                        "return_token_ids": True}).encode()
-    req = urllib.request.Request(base_url + "/v1/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    req = urllib.request.Request(base_url + "/v1/completions", data=body, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - local http
             answer = json.loads(resp.read())
@@ -102,11 +106,45 @@ def request_hidden_states(base_url, input_ids, timeout):
     return path
 
 
+def _in_staging(path, staging_dir):
+    """The real path of PATH when it lies inside STAGING_DIR (links resolved), else PipelineError."""
+    staging = os.path.realpath(staging_dir)
+    real = os.path.realpath(str(path))
+    if real == staging or os.path.commonpath([real, staging]) != staging:
+        raise PipelineError(f"extract: the server named {str(path)!r} as a hidden-states file, whose real path "
+                            f"{real} is not inside the staging directory {staging}; something other than the "
+                            "pipeline's server answered on its port, or it is misconfigured - nothing was taken.")
+    return real
+
+
+def staged_file(path, staging_dir):
+    """PATH as a validated real path: inside STAGING_DIR, a regular file (the last component opened without
+    following a link) owned by the user running the pipeline. Anything else raises PipelineError."""
+    real = _in_staging(path, staging_dir)
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise PipelineError(f"extract: the hidden-states file {real} the server named cannot be opened without "
+                            f"following links ({exc.strerror}); nothing was taken.") from None
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise PipelineError(f"extract: {real}, named by the server as a hidden-states file, is not a regular file; "
+                            "nothing was taken.")
+    if st.st_uid != os.geteuid():
+        raise PipelineError(f"extract: {real}, named by the server as a hidden-states file, is owned by uid "
+                            f"{st.st_uid}, not by the pipeline user (uid {os.geteuid()}); another user wrote into the "
+                            f"staging directory {os.path.dirname(real)} - make it writable by the pipeline user only.")
+    return real
+
+
 def wait_written(path):
     """Block until the connector has released its write lock on PATH (then remove the lock file)."""
     lock = path + ".lock"
     try:
-        fd = os.open(lock, os.O_RDONLY)
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
         return
     try:
@@ -117,6 +155,18 @@ def wait_written(path):
         os.unlink(lock)
     except FileNotFoundError:
         pass
+
+
+def finished_requests(base_url, api_key=""):
+    """The server's count of finished requests (vllm:request_success, all reasons) from GET /metrics."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    req = urllib.request.Request(base_url + "/metrics", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310 - local http
+            text = resp.read().decode()
+    except (urllib.error.URLError, OSError) as exc:
+        raise PipelineError(f"extract: cannot read {base_url}/metrics ({exc}); see the server log.") from None
+    return metrics.finished_requests(text, "extract: the server")
 
 
 def load_hidden_states(path):
@@ -149,15 +199,19 @@ def check_file(path, input_ids, n_layers, hidden, storage):
         raise ValueError(f"{path}: hidden_states hold NaN or Inf")
 
 
-def extract_all(base_url, todo, concurrency, timeout):
-    """Yield (sample, staged_path) as the server finishes them (CONCURRENCY requests in flight)."""
+def extract_all(base_url, todo, concurrency, timeout, staging_dir, api_key=""):
+    """Yield (sample, validated staged path) as the server finishes them (CONCURRENCY requests in flight); when
+    all are done, check that the server counted exactly the requests sent."""
+    before = finished_requests(base_url, api_key)
     with ThreadPoolExecutor(max_workers=max(1, int(concurrency))) as pool:
-        futures = {pool.submit(request_hidden_states, base_url, s["input_ids"], timeout): s for s in todo}
+        futures = {pool.submit(request_hidden_states, base_url, s["input_ids"], timeout, api_key): s for s in todo}
         try:
             for fut in as_completed(futures):
-                path = fut.result()
+                path = _in_staging(fut.result(), staging_dir)  # before touching its lock file
                 wait_written(path)
-                yield futures[fut], path
+                yield futures[fut], staged_file(path, staging_dir)
         finally:
             for fut in futures:
                 fut.cancel()
+    metrics.check_finished(lambda: finished_requests(base_url, api_key), before, len(todo),
+                           "extract: the extraction server")

@@ -184,7 +184,8 @@ def extract(cfg):
                         log_path=run_path(cfg, "logs", "extract-server.log"),
                         ready_timeout_s=float(cfg["current"]["ready_timeout_s"])) as srv:
             for sample, staged in current_server.extract_all(srv.url(), todo, cfg["current"]["concurrency"],
-                                                             float(cfg["current"]["request_timeout_s"])):
+                                                             float(cfg["current"]["request_timeout_s"]),
+                                                             staging, srv.api_key):  # staged: validated
                 i = index[sample["id"]]
                 dest = hs_dir / f"hs_{i}.safetensors"
                 try:
