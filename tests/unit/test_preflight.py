@@ -127,3 +127,31 @@ def test_build_tiny_target_given_as_key_value_text_acts_as_a_boolean(value, refu
                              **dict(LOCAL, eagle3_pipeline_target_path="/nonexistent/model"))
     assert (rc != 0) == refused, failures
     assert bool(failures) == refused
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    # YAML reads an unquoted 3.10 as the number 3.1; -e JSON keeps the number the same way.
+    ({"specdec_python_version": 3.1}, "specdec_python_version is the number 3.1, not text"),
+    ({"specdec_python_version": 3.12}, "specdec_python_version is the number 3.12, not text"),
+    ({"specdec_profile": "kimi k2.5"}, "specdec_profile is 'kimi k2.5'; expected one name"),
+    ({"specdec_profile": "../../etc"}, "specdec_profile is '../../etc'; expected one name"),
+    ({"eagle3_pipeline_run_name": "a/../../b"}, "eagle3_pipeline_run_name is 'a/../../b'; expected one name"),
+    ({"eagle3_pipeline_gpu_memory_utilization": 80}, "eagle3_pipeline_gpu_memory_utilization is 80; expected the share"),
+    ({"eagle3_pipeline_gpu_memory_utilization": 0}, "eagle3_pipeline_gpu_memory_utilization is 0; expected the share"),
+    ({"eagle3_pipeline_server_args": ["--host", "0.0.0.0"]}, "eagle3_pipeline_server_args is [\"--host\", \"0.0.0.0\"]"),
+    ({"eagle3_pipeline_server_args": ["--enforce-eager", "--port=9000"]}, "--host, --port and --api-key are set"),
+    ({"eagle3_evaluate_server_args": ["--api-key", "k"]}, "eagle3_evaluate_server_args is [\"--api-key\", \"k\"]"),
+    # The validate entry point has the role's argument spec: a wrong type is refused in preflight.
+    ({"eagle3_pipeline_epochs": "many"}, "eagle3_pipeline_epochs"),
+])
+def test_low_level_bad_input_gets_one_line_in_preflight(extra, expected):
+    rc, failures = preflight(**dict(LOCAL, **extra))
+    assert rc != 0
+    assert len(failures) == 1, failures
+    assert expected in failures[0], failures[0]
+
+
+def test_harmless_server_args_pass():
+    rc, failures = preflight(**dict(LOCAL, eagle3_pipeline_server_args=["--enforce-eager", "--hostname-ish"],
+                                    eagle3_pipeline_gpu_memory_utilization=1.0))
+    assert (rc, failures) == (0, [])
