@@ -18,6 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collections"))
+from ansible_collections.specdec.eagle3.plugins.module_utils.exit_status import exit_text  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -30,7 +33,7 @@ def run(extra):
     recap = next((ln for ln in reversed(proc.stdout.splitlines()) if re.match(r"^\S+\s+:\s+ok=", ln)), "(no recap)")
     if proc.returncode != 0:
         sys.stdout.write(proc.stdout[-4000:] + proc.stderr[-2000:])
-        raise SystemExit(f"ansible-playbook failed (rc {proc.returncode})")
+        raise SystemExit(f"ansible-playbook {exit_text(proc.returncode)}")
     return took, re.sub(r"\s+", " ", recap), len(proc.stdout.splitlines())
 
 

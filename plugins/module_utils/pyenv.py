@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 
+from ansible_collections.specdec.eagle3.plugins.module_utils.exit_status import exit_text
+
 PROBE_SCRIPT = r"""
 import json, sys, sysconfig
 try:
@@ -138,8 +140,8 @@ def inspect(python, distributions, top_levels, run):
     rc, out, err = run([python, "-I", "-c", PROBE_SCRIPT, json.dumps(sorted(distributions)),
                         json.dumps(sorted(top_levels))])
     if rc != 0:
-        raise EnvError("%s could not run the environment probe (rc=%s): %s -- is it a Python 3 interpreter?"
-                       % (python, rc, (err or out).strip()[-500:]))
+        raise EnvError("%s could not run the environment probe (it %s): %s -- is it a Python 3 interpreter?"
+                       % (python, exit_text(rc), (err or out).strip()[-500:]))
     try:
         info = json.loads(out.strip().splitlines()[-1])
     except (ValueError, IndexError):

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 from conftest import FILES
+from specdec_pipeline.errors import exit_text
 
 pytest.importorskip("speculators", reason="run with the pipeline venv (scripts/pipeline-venv)")
 
@@ -22,7 +23,7 @@ def pipeline(*args, check=True):
     proc = subprocess.run([sys.executable, "-m", "specdec_pipeline", *map(str, args)], env=env, text=True,
                           capture_output=True, check=False)
     if check and proc.returncode != 0:
-        raise AssertionError(f"pipeline {args} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        raise AssertionError(f"pipeline {args} {exit_text(proc.returncode)}:\n{proc.stderr[-3000:]}")
     return proc
 
 

@@ -15,6 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 FILES = ROOT / "roles" / "eagle3_pipeline" / "files"
 DATASET = FILES / "tiny_conversations.jsonl"
 sys.path.insert(0, str(FILES))
+from specdec_pipeline.errors import exit_text  # noqa: E402
+
 # Keep the role's files/ free of __pycache__ (the role copies that tree to the host).
 sys.dont_write_bytecode = True
 os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
@@ -25,7 +27,7 @@ def pipeline(*args, check=True, **kw):
     proc = subprocess.run([sys.executable, "-m", "specdec_pipeline", *map(str, args)], env=env, text=True,
                           capture_output=True, check=False, **kw)
     if check and proc.returncode != 0:
-        raise AssertionError(f"pipeline {args} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        raise AssertionError(f"pipeline {args} {exit_text(proc.returncode)}:\n{proc.stderr[-4000:]}")
     return proc
 
 

@@ -29,7 +29,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from specdec_pipeline.errors import PipelineError
+from specdec_pipeline.errors import PipelineError, exit_text
 
 
 class ServeError(PipelineError):
@@ -223,7 +223,7 @@ class VllmServer:
         """Raise ServeError unless the server still runs and the socket on its port is still its own."""
         rc = self.proc.poll() if self.proc is not None else "unknown"
         if rc is not None:
-            raise ServeError(f"{self.name} ended (status {rc}) before the measurement was complete; what answered "
+            raise ServeError(f"{self.name} {exit_text(rc)} before the measurement was complete; what answered "
                              f"on port {self.port} afterwards is not trusted. Its log is {self.log_path}.")
         if not self._listening_is_ours():
             raise ServeError(f"{self.name} no longer listens on {self.host}:{self.port}; its log is {self.log_path}.")
@@ -275,7 +275,7 @@ class VllmServer:
             ours = self._listening_is_ours()  # before the exit check: a squatter is named even if the server died
             rc = self.proc.poll()
             if rc is not None:
-                raise ServeError(f"{self.name} exited with status {rc} while starting; "
+                raise ServeError(f"{self.name} {exit_text(rc)} while starting; "
                                  f"its log is {self.log_path} (see the end of it).")
             if ours and self._get_status(self.ready_path) == 200:
                 self._check_key()

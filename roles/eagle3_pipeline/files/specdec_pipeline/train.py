@@ -15,7 +15,7 @@ import time
 
 from specdec_pipeline import manifest
 from specdec_pipeline.config import run_path
-from specdec_pipeline.errors import PipelineError, StopAfter
+from specdec_pipeline.errors import PipelineError, StopAfter, exit_text
 from specdec_pipeline.fsutil import (
     check_space,
     disk_full_error,
@@ -120,7 +120,7 @@ def run(cfg):
             raise PipelineError(said)
         if free_bytes(ckpt) < (64 << 20):
             raise disk_full_error("train", ckpt, space_needed(cfg, remaining))
-        raise PipelineError(f"train: the trainer exited with status {status}; see the log above "
+        raise PipelineError(f"train: the trainer {exit_text(status)}; see the log above "
                             f"and {run_path(cfg, 'logs')}.")
     epochs = sorted(int(p.name) for p in ckpt.iterdir() if p.is_dir() and p.name.isdigit())
     if not epochs or epochs[-1] != int(cfg["train"]["epochs"]) - 1:

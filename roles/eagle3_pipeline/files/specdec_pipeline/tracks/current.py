@@ -24,7 +24,7 @@ import time
 from specdec_pipeline import manifest, vocab
 from specdec_pipeline.backends import current_server
 from specdec_pipeline.config import run_path, step_config
-from specdec_pipeline.errors import PipelineError
+from specdec_pipeline.errors import PipelineError, exit_text
 from specdec_pipeline.fsutil import atomic_path, read_json, sha256_file, sha256_json, write_json
 from specdec_pipeline.prepare import load_samples
 from specdec_pipeline.progress import Progress, log
@@ -308,7 +308,7 @@ def train(cfg):
                 proc.wait()
     if proc.returncode != 0:
         tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["(empty)"]
-        raise PipelineError(f"train: `speculators train` exited with status {proc.returncode}; its log {log_path} "
+        raise PipelineError(f"train: `speculators train` {exit_text(proc.returncode)}; its log {log_path} "
                             f"ends with: {tail[0][:300]}")
     done = epochs_done(save_dir)
     if not done:
