@@ -15,6 +15,7 @@ module against the installed code.
 from __future__ import annotations
 
 import difflib
+import errno
 import os
 
 from ansible_collections.specdec.eagle3.plugins.module_utils import conditions as cond_mod
@@ -108,17 +109,24 @@ def former_text(text, hunk):
 
 
 class _Target(object):
-    """One file of the set: where it is, where it really is (symlinks resolved), its package directory."""
+    """One file of the set: where it is, where it really is (symlinks resolved), the directory it is imported
+    from, its package directory (the venv's real site-packages joined with the top-level name; the import root
+    for a top-level module)."""
 
-    def __init__(self, path, patch):
+    def __init__(self, path, patch, purelib):
         self.path = path
         self.rel = patch["file"]
         self.dist = patch["distribution"]
         self.patches = []
         self.real = os.path.realpath(path)
-        self.root = _package_root(path, patch["file"])
+        self.base = path[:len(path) - len(self.rel)].rstrip(os.sep) if path.endswith(self.rel) else \
+            os.path.dirname(path)
+        self.purelib = purelib
+        self.root = os.path.join(purelib, self.rel.split("/")[0]) if "/" in self.rel else purelib
         self.problem = None
+        self.where = self.rel
         self.original = None
+        self.stat = None
 
     def label(self):
         if os.path.islink(self.path):
@@ -128,11 +136,14 @@ class _Target(object):
         return "%s (%s)" % (self.rel, self.path)
 
 
-def _package_root(path, relpath):
-    """realpath of the top-level package directory that holds ``relpath`` (the import root for a module)."""
-    base = path[:len(path) - len(relpath)].rstrip(os.sep) if path.endswith(relpath) else os.path.dirname(path)
-    top = os.path.join(base, relpath.split("/")[0])
-    return os.path.realpath(top if os.path.isdir(top) else base)
+def _purelib(env):
+    """The real path of the venv's site-packages (sysconfig purelib of its interpreter), resolved once."""
+    purelib = (getattr(env, "info", None) or {}).get("purelib")
+    if not purelib or not os.path.isdir(purelib):
+        raise PatchError("the interpreter %s reports no site-packages directory (sysconfig purelib: %r): the patch "
+                         "engine writes only below a venv's site-packages; point 'python' at the venv's interpreter"
+                         % (getattr(env, "python", "?"), purelib))
+    return os.path.realpath(purelib)
 
 
 def _reinstall_hint(target, env):
@@ -141,12 +152,48 @@ def _reinstall_hint(target, env):
                                                                                  version)
 
 
+def _root_problem(target, env, st):
+    """For a root run, why this file must not be read or written: it has other names (hard links), or a directory
+    on its way another account can change; None otherwise (and always for another user)."""
+    if os.geteuid() != 0:
+        return None
+    issues, fixes = [], []
+    if st.st_nlink > 1:
+        issues.append("%s has %d hard links (another name of the same file may lie outside the venv)"
+                      % (target.real, st.st_nlink))
+        fixes.append("reinstall %s %s so the file is its own (pip install --force-reinstall --no-deps %s==%s; uv "
+                     "with UV_LINK_MODE=copy)" % ((target.dist, env.version(target.dist)) * 2))
+    # the directory of the file and, for a link, the directory of the link
+    for directory in sorted(set([os.path.dirname(target.real), os.path.realpath(os.path.dirname(target.path))])):
+        exposure = patch_txn.root_exposure(directory, target.purelib)
+        if exposure and "the directory %s %s" % exposure[:2] not in issues:
+            issues.append("the directory %s %s" % exposure[:2])
+            fixes.append(exposure[2])
+    if not issues:
+        return None
+    return ("%s: this run is root and %s: another account could swap or alias what root reads and writes there, "
+            "so the file is neither read nor patched. %s, then run again"
+            % (target.where, ", and ".join(issues), "; ".join(fixes)))
+
+
 def _locate(target, env):
-    """Find what stops this file before anything is read or written: a path outside the package, a missing
-    file, something that is not a regular file."""
+    """Find what stops this file before anything is read or written: a package that is not a real directory of
+    the venv's site-packages, a path outside the package, a missing file, something that is not a regular file,
+    and for a root run a file with hard links or a directory on its way another account can change."""
     first = target.patches[0]
-    where = "file '%s' of %s %s (patch '%s')" % (target.rel, target.dist, env.version(target.dist), first["id"])
-    if not (target.real + os.sep).startswith(target.root + os.sep) or target.real == target.root:
+    where = target.where = "file '%s' of %s %s (patch '%s')" % (target.rel, target.dist, env.version(target.dist),
+                                                                first["id"])
+    if os.path.realpath(target.base) != target.purelib:
+        target.problem = ("%s: the package is imported from %s, outside the venv's site-packages %s: patches are "
+                          "written only to what is installed in the venv itself; %s into the venv (not as an "
+                          "editable or .pth install), then run again"
+                          % (where, target.base, target.purelib, _reinstall_hint(target, env)))
+    elif os.path.islink(target.root):
+        target.problem = ("%s: the package directory %s is a symbolic link to %s: patches are written only inside "
+                          "the venv's site-packages %s; %s so that it is a real directory there, then run again"
+                          % (where, target.root, os.path.realpath(target.root), target.purelib,
+                             _reinstall_hint(target, env)))
+    elif not (target.real + os.sep).startswith(target.root + os.sep) or target.real == target.root:
         link = " through a symbolic link" if os.path.realpath(target.path) != os.path.abspath(target.path) else ""
         target.problem = ("%s resolves%s to %s, outside the package directory %s: a patch may only change files "
                           "inside the package it names; fix the file path of the patch"
@@ -156,6 +203,8 @@ def _locate(target, env):
                           "for that release" % (where, target.path))
     elif not os.path.isfile(target.real):
         target.problem = "%s: %s is not a regular file; %s" % (where, target.real, _reinstall_hint(target, env))
+    else:
+        target.problem = _root_problem(target, env, os.lstat(target.real))
 
 
 def _read(target, env, overlay):
@@ -163,11 +212,19 @@ def _read(target, env, overlay):
         target.original = overlay[target.real].decode("utf-8")
         return
     try:
-        with open(target.real, "rb") as handle:
-            data = handle.read()
-    except OSError as exc:
-        target.problem = "%s cannot be read: %s; run the task as the venv's owner (become)" % (
-            target.label(), exc.strerror)
+        data, target.stat = patch_txn.read_regular(target.real)  # O_NOFOLLOW: a link swapped in is not followed
+    except (OSError, patch_txn.TxnError) as exc:
+        if getattr(exc, "errno", None) == errno.ELOOP or isinstance(exc, patch_txn.TxnError):
+            target.problem = ("%s: %s was replaced while this run checked it (now %s): another account can change "
+                              "its directory; make it writable by the venv's owner only, then run again"
+                              % (target.where, target.real, "a symbolic link" if os.path.islink(target.real)
+                                 else "not a regular file"))
+        else:
+            target.problem = "%s cannot be read: %s; run the task as the venv's owner (become)" % (
+                target.label(), exc.strerror)
+        return
+    target.problem = _root_problem(target, env, target.stat)
+    if target.problem:
         return
     try:
         target.original = data.decode("utf-8")
@@ -192,10 +249,11 @@ def run(patches, env, tree, state, check_mode=False, diff_mode=False, backup=Fal
     """Bring every patch to ``state``.  Returns dict(results, changed, diff, backups, recovered,
     removed_temp_files, versions) plus failed and msg on failure."""
     validate_patches(patches, origin)
+    purelib = _purelib(env)
     targets = {}
     for patch in patches:
         path = env.file_of(patch["distribution"], patch["file"])
-        targets.setdefault(path, _Target(path, patch)).patches.append(patch)
+        targets.setdefault(path, _Target(path, patch, purelib)).patches.append(patch)
     targets = list(targets.values())
     for target in targets:
         _locate(target, env)
@@ -296,7 +354,7 @@ def _run_locked(patches, env, tree, state, check_mode, diff_mode, backup, target
                 if entry["state"] in ("applied", "reverted"):
                     entry.update(state="blocked", reason=problem)
             continue
-        writes.append({"target": target, "real": target.real, "label": target.path,
+        writes.append({"target": target, "real": target.real, "label": target.path, "stat": target.stat,
                        "old": target.original.encode("utf-8"), "new": text.encode("utf-8")})
         if diff_mode:
             out["diff"].append({"before_header": target.path, "after_header": target.path,

@@ -11,6 +11,11 @@ temp file, fsynced and renamed) -> one rename per file, each followed by an fsyn
 journal removed.  A run killed anywhere leaves every file either old or new; when a journal is left behind,
 the next run finishes it (roll forward) before it decides anything, and removes our temp files that a kill
 left next to the targets.
+
+Files are opened with O_NOFOLLOW (a link put in place of a file is refused, never followed); a staged file gets
+its mode and owner through its open descriptor and is checked to be still the file this run created.  A
+journal is used only when it is a regular file owned by the user of this run.  For root runs,
+``root_exposure`` names a directory another account could use to swap or alias what root reads and writes.
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ def lock_dirs(dirs, exclusive, timeout=120):
     fds = []
     try:
         for path in sorted(set(dirs)):
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
             fds.append(fd)
             deadline = time.time() + timeout
             while True:
@@ -78,6 +83,68 @@ def lock_dirs(dirs, exclusive, timeout=120):
 def unlock(fds):
     for fd in fds:
         os.close(fd)
+
+
+def open_regular(path):
+    """Open ``path`` for reading without following a symbolic link in its place (O_NOFOLLOW: OSError ELOOP) and
+    without waiting on a FIFO; returns (fd, its fstat).  TxnError when it is not a regular file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise TxnError("%s is not a regular file" % path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def read_regular(path):
+    """The bytes and the stat of the regular file ``path``, read through one O_NOFOLLOW descriptor."""
+    fd, st = open_regular(path)
+    with os.fdopen(fd, "rb") as handle:
+        return handle.read(), st
+
+
+def user_name(uid):
+    try:
+        import pwd
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return "uid %d" % uid
+
+
+def root_exposure(directory, inner):
+    """For a root run: the first directory from / down to ``directory`` that another account can change - owned
+    by another user, or writable by its group or by others - as (directory, issue, fix); None when there is
+    none or this run is not root.  Above ``inner`` (the venv's site-packages) a root-owned directory with the
+    sticky bit (/tmp) is fine: there nobody else may rename or remove what root owns."""
+    if os.geteuid() != 0:
+        return None
+    chain, current = [], os.path.abspath(directory)
+    while True:
+        chain.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    inner = inner.rstrip(os.sep) + os.sep
+    for directory in reversed(chain):
+        st = os.lstat(directory)
+        mode = stat.S_IMODE(st.st_mode)
+        if stat.S_ISLNK(st.st_mode):
+            return (directory, "is a symbolic link", "use the real path of the venv")
+        if st.st_uid not in (0, os.geteuid()):
+            name = user_name(st.st_uid)
+            return (directory, "is owned by uid %d (%s), not root" % (st.st_uid, name),
+                    "make root own it (chown root %s) or run the task as its owner (become_user: %s)"
+                    % (directory, name))
+        sticky_ok = bool(mode & stat.S_ISVTX) and not (directory + os.sep).startswith(inner)
+        if mode & (stat.S_IWGRP | stat.S_IWOTH) and not sticky_ok:
+            return (directory, "is writable by %s (mode %o)" % ("others" if mode & stat.S_IWOTH else "its group",
+                                                                 mode),
+                    "make it writable by its owner only (chmod go-w %s)" % directory)
+    return None
 
 
 def _describe_owner(path):
@@ -129,29 +196,41 @@ def _os_error(what, path, exc):
     return "%s %s: %s" % (what, path, exc.strerror or exc)
 
 
-def _fill(fd, path, data, mode):
-    """Write ``data`` through the open ``fd`` of the new file ``path``, fsync it and give it ``mode``; on any
+def _fill(fd, path, data, mode, owner=None):
+    """Write ``data`` through the open ``fd`` of the new file ``path``, give it ``owner`` (uid, gid; where this
+    user may) and ``mode`` through that descriptor, fsync it and check that ``path`` still names it; on any
     failure (or a kill signal raised as an exception) the partial file is removed."""
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
+            if owner is not None:
+                try:
+                    os.fchown(handle.fileno(), owner[0], owner[1])
+                except OSError:
+                    pass
+            os.fchmod(handle.fileno(), mode)
             os.fsync(handle.fileno())
-        os.chmod(path, mode)
+            mine = os.fstat(handle.fileno())
+            try:
+                now = os.lstat(path)
+            except OSError:
+                now = None
+            if now is None or (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
+                raise TxnError("%s was replaced while this run wrote it: another account can write %s; make that "
+                               "directory writable by the venv's owner only, then run again"
+                               % (path, os.path.dirname(path)))
     except BaseException:
         _unlink_quiet(path)
         raise
 
 
 def stage(real_path, data, st):
-    """Write ``data`` to a new temp file beside ``real_path`` with its mode and owner; returns its path."""
+    """Write ``data`` to a new temp file beside ``real_path`` with the mode and owner of ``st``; returns its
+    path."""
     fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(real_path), suffix=".tmp",
                                dir=os.path.dirname(real_path))
-    _fill(fd, tmp, data, stat.S_IMODE(st.st_mode))
-    try:
-        os.chown(tmp, st.st_uid, st.st_gid)
-    except OSError:
-        pass
+    _fill(fd, tmp, data, stat.S_IMODE(st.st_mode), (st.st_uid, st.st_gid))
     return tmp
 
 
@@ -198,10 +277,10 @@ class Journal(object):
                "files": [{"path": e["real"], "sha256_before": sha256(e["old"]), "sha256_after": sha256(e["new"]),
                           "after": e["new"].decode("utf-8")} for e in entries]}
         data = json.dumps(doc, indent=1, sort_keys=True).encode("utf-8")
-        st = os.stat(self.root)
-        tmp = stage(self.path, data, st)
+        # owned by this run's user, the only owner load() trusts
+        fd, tmp = tempfile.mkstemp(prefix=".%s." % JOURNAL_NAME, suffix=".tmp", dir=self.root)
+        _fill(fd, tmp, data, 0o644)
         try:
-            os.chmod(tmp, 0o644)
             os.rename(tmp, self.path)
         except BaseException:
             _unlink_quiet(tmp)
@@ -209,24 +288,53 @@ class Journal(object):
         fsync_dir(self.root)
 
     def load(self):
-        """The journal's file entries; TxnError naming the journal when it cannot be used."""
+        """The journal's file entries; TxnError naming the journal when it cannot be used.
+
+        Completing a journal writes the text it holds, so only a regular file that this run's user owns is read
+        (not a link, not a file another account planted, as root not a file with other names)."""
         try:
-            with open(self.path, "rb") as handle:
+            fd, st = open_regular(self.path)
+        except TxnError:
+            raise self._untrusted("is not a regular file")
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise self._untrusted("is a symbolic link to %s" % os.path.realpath(self.path))
+            raise self._unusable(exc)
+        if st.st_uid != os.geteuid() or (os.geteuid() == 0 and st.st_nlink > 1):
+            os.close(fd)
+            raise self._untrusted("is owned by uid %d (%s)" % (st.st_uid, user_name(st.st_uid))
+                                  if st.st_uid != os.geteuid() else "has %d hard links" % st.st_nlink)
+        try:
+            with os.fdopen(fd, "rb") as handle:
                 doc = json.loads(handle.read().decode("utf-8"))
-            if doc.get("format") != JOURNAL_FORMAT or not isinstance(doc.get("files"), list):
+            if not isinstance(doc, dict) or doc.get("format") != JOURNAL_FORMAT or \
+                    not isinstance(doc.get("files"), list):
                 raise ValueError("not a format-%d journal" % JOURNAL_FORMAT)
             real_root = os.path.realpath(self.root)
             for entry in doc["files"]:
+                if not isinstance(entry, dict):
+                    raise ValueError("a file entry is not a mapping")
                 for key in ("path", "sha256_before", "sha256_after", "after"):
                     if not isinstance(entry.get(key), str):
                         raise ValueError("a file entry has no '%s'" % key)
-                if not os.path.realpath(entry["path"]).startswith(real_root + os.sep):
-                    raise ValueError("it lists %s, outside %s" % (entry["path"], self.root))
+                if os.path.realpath(entry["path"]) != entry["path"] or \
+                        not entry["path"].startswith(real_root + os.sep):
+                    raise ValueError("it lists %s, not a file inside %s (links resolved)"
+                                     % (entry["path"], self.root))
             return doc
         except (OSError, ValueError, UnicodeDecodeError) as exc:
-            raise TxnError("the patch journal %s left by an interrupted run cannot be used (%s). The files it "
-                           "covered may be half patched: reinstall the distribution (pip install --force-reinstall "
-                           "--no-deps), delete the journal, then run again" % (self.path, exc))
+            raise self._unusable(exc)
+
+    def _unusable(self, exc):
+        return TxnError("the patch journal %s left by an interrupted run cannot be used (%s). The files it covered "
+                        "may be half patched: reinstall the distribution (pip install --force-reinstall --no-deps), "
+                        "delete the journal, then run again" % (self.path, exc))
+
+    def _untrusted(self, why):
+        return TxnError("the patch journal %s %s, and a journal is used only when it is a regular file of this "
+                        "run's user (uid %d): nothing was read from it or written. Delete it (rm %s) and run again; "
+                        "if an interrupted run of its owner left it, run the task as that user first"
+                        % (self.path, why, os.geteuid(), self.path))
 
     def remove(self):
         os.unlink(self.path)
@@ -245,12 +353,19 @@ def pending(journal):
         if sha256(new) != entry["sha256_after"]:
             raise TxnError("the patch journal %s is damaged (the text recorded for %s does not match its sha256); "
                            "reinstall the distribution, delete the journal, then run again" % (journal.path, path))
+        exposure = root_exposure(os.path.dirname(path), journal.root)
+        if exposure:
+            raise TxnError("the patch journal %s lists %s, and this run is root and the directory %s %s: %s, then "
+                           "run again" % ((journal.path, path) + exposure))
         try:
-            with open(path, "rb") as handle:
-                cur = handle.read()
-        except OSError as exc:
+            cur, st = read_regular(path)
+        except (OSError, TxnError) as exc:
             raise TxnError("the patch journal %s lists %s, which cannot be read (%s); reinstall the distribution, "
-                           "delete the journal, then run again" % (journal.path, path, exc.strerror))
+                           "delete the journal, then run again"
+                           % (journal.path, path, getattr(exc, "strerror", None) or exc))
+        if os.geteuid() == 0 and st.st_nlink > 1:
+            raise TxnError("the patch journal %s lists %s, which has %d hard links and this run is root; reinstall "
+                           "the distribution, delete the journal, then run again" % (journal.path, path, st.st_nlink))
         digest = sha256(cur)
         if digest == entry["sha256_after"]:
             continue
@@ -265,7 +380,9 @@ def pending(journal):
 def finish(journal, todo):
     """Roll an interrupted commit forward: write every pending file, then remove the journal."""
     for path, dummy, new in todo:
-        tmp = stage(path, new, os.stat(path))
+        fd, st = open_regular(path)
+        os.close(fd)
+        tmp = stage(path, new, st)
         try:
             os.rename(tmp, path)
         except BaseException:
@@ -302,7 +419,11 @@ def commit(entries, journal, state, backup):
     staged, backups = [], []
     try:
         for entry in entries:
-            st = os.stat(entry["real"])
+            st = os.lstat(entry["real"])
+            seen = entry.get("stat")  # as read by the engine
+            if not stat.S_ISREG(st.st_mode) or (seen is not None and
+                                                (st.st_dev, st.st_ino) != (seen.st_dev, seen.st_ino)):
+                raise TxnError("%s was replaced while this run read it" % entry["real"])
             staged.append(stage(entry["real"], entry["new"], st))
         if backup:
             for entry in entries:

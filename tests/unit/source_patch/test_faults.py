@@ -3,15 +3,25 @@ backup-name collisions - on the real speculators 0.3.0 wheel x the real vLLM 0.1
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import re
 import shutil
+import stat
 import subprocess
+import sys
+import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from faults import JOURNAL_NAME, Layout, can_mount_read_only, classify, in_child, load_set
+from faults import JOURNAL_NAME, Layout, can_mount_read_only, classify, fetch, in_child, inspect, load_set, runner
+
+from ansible_collections.specdec.eagle3.plugins.module_utils.ast_probe import SourceTree
+from ansible_collections.specdec.eagle3.plugins.module_utils.patch_engine import PatchError, run
 
 SET = load_set("speculators_0_3_0")
 GEN = "speculators/data_generation/vllm_hidden_states_generator.py"
@@ -253,3 +263,226 @@ def test_journal_over_a_changed_file_is_refused(lay):
         out_err = str(exc)
     assert out_err and victim in out_err and "changed after an interrupted patch run" in out_err
     assert Path(victim).read_text() == "# edited by hand\n"
+
+
+# -- a package directory another account can write --------------------------------------------------------------
+# The engine runs as root on a venv whose files another account may be able to change.  It patches only below the
+# venv's real site-packages, never through a linked package directory, sets mode and owner on the open staged
+# file, trusts only a journal this user wrote, and as root refuses hard-linked files and directories another
+# account can change.  Each test below fails on the engine before these rules.
+
+NOBODY = 65534
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="the rules for root runs need a root test run")
+
+
+def _outcome(fn):
+    """(failed, message) of one engine run: a failed result or a PatchError are both a refusal."""
+    try:
+        out = fn()
+    except PatchError as exc:
+        return True, str(exc), {}
+    return bool(out.get("failed")), _msg(out), out
+
+
+def test_symlinked_package_directory_is_refused(lay, tmp_path):
+    outside = tmp_path / "speculators"
+    shutil.move(str(lay.pkg), str(outside))
+    lay.pkg.symlink_to(outside)
+    try:
+        before = {str(p): p.read_bytes() for p in outside.rglob("*") if p.is_file()}
+        for check in (True, False):
+            failed, msg, dummy = _outcome(lambda c=check: lay.run(SET, check_mode=c))
+            assert failed, "check_mode=%s: the linked package directory was accepted" % check
+            assert "%s is a symbolic link to %s" % (lay.pkg, outside) in msg, msg
+            after = {str(p): p.read_bytes() for p in outside.rglob("*") if p.is_file()}
+            assert after == before  # nothing written outside the venv: no patch, no temp file, no journal
+    finally:
+        lay.pkg.unlink()
+        shutil.move(str(outside), str(lay.pkg))
+
+
+def test_package_imported_from_outside_the_venv_is_refused(lay, tmp_path):
+    # speculators moved out of site-packages and put back on sys.path by a .pth file: the import finds it there
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    shutil.move(str(lay.pkg), str(other / "speculators"))
+    pth = lay.site / "zz-elsewhere.pth"
+    pth.write_text("%s\n" % other)
+    try:
+        env = inspect(lay.python, {"speculators", "vllm"}, {"speculators", "vllm"}, runner)
+        before = {str(p): p.read_bytes() for p in other.rglob("*") if p.is_file()}
+        for check in (True, False):
+            failed, msg, dummy = _outcome(lambda c=check: run(SET, env, lay.tree(), "present", check_mode=c))
+            assert failed, "check_mode=%s: a package outside the venv's site-packages was patched" % check
+            assert "outside the venv's site-packages %s" % lay.site in msg, msg
+        assert {str(p): p.read_bytes() for p in other.rglob("*") if p.is_file()} == before
+    finally:
+        pth.unlink()
+        shutil.move(str(other / "speculators"), str(lay.pkg))
+
+
+def test_a_staged_file_swapped_for_a_link_never_changes_the_link_target(lay, tmp_path, monkeypatch):
+    # Another account replaces the staged temp file with a link to a victim file while the engine writes it (the
+    # test plays that account from inside os.fsync of the staged file).  Mode and owner must land on the staged
+    # file the engine opened, never on the victim; the swap is detected and nothing is replaced.
+    core = lay.site / CORE
+    os.chown(core, NOBODY, NOBODY)  # the owner the staged file gets, so a chown through the link would show
+    victim = tmp_path / "victim"
+    victim.write_text("root's file\n")
+    victim.chmod(0o600)
+    pattern = re.compile(r"^\.core\.py\.[a-z0-9_]{8}\.tmp$")
+    real_fsync = os.fsync
+    swapped = []
+
+    def fsync(fd):
+        path = os.readlink("/proc/self/fd/%d" % fd)
+        if pattern.match(os.path.basename(path)) and not swapped:
+            os.unlink(path)
+            os.symlink(str(victim), path)
+            swapped.append(path)
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    failed, msg, out = _outcome(lambda: lay.run(SET))
+    monkeypatch.undo()
+    assert swapped, "the engine never fsynced a staged core.py"
+    st = victim.stat()
+    assert (stat.S_IMODE(st.st_mode), st.st_uid, victim.read_text()) == (0o600, 0, "root's file\n")
+    assert not core.is_symlink() and core.read_bytes() == lay.original[str(core)]
+    assert failed and "was replaced while this run wrote it" in msg, msg
+    assert not os.path.lexists(swapped[0]) and not lay.leftovers()
+
+
+@ROOT_ONLY
+def test_hard_linked_target_is_refused_as_root_and_its_text_never_shown(lay, tmp_path):
+    gen = lay.site / GEN
+    secret = tmp_path / "secret.py"  # a root-only file elsewhere on the same file system, e.g. a key file
+    lines = [next(line for line in h["before"].splitlines() if line.strip()).strip()
+             for p in SET if p["file"] == GEN for h in p["hunks"]]
+    secret.write_text("".join("%s  # TOKEN=s3cr3t-C0FFEE\n" % line for line in lines))
+    secret.chmod(0o600)
+    gen.unlink()
+    os.link(secret, gen)
+    for check in (True, False):
+        failed, msg, out = _outcome(lambda c=check: lay.run(SET, check_mode=c, diff_mode=True))
+        assert failed, "check_mode=%s" % check
+        assert "s3cr3t" not in msg and "s3cr3t" not in json.dumps(out, default=str)
+        assert "%s has 2 hard links" % gen in msg, msg
+    assert "s3cr3t" in secret.read_text() and os.stat(gen).st_ino == os.stat(secret).st_ino
+
+
+def _journal_doc(path, old, new):
+    return {"format": 1, "written_by": "specdec.eagle3.source_patch", "state": "present",
+            "created": "2026-01-01T00:00:00+0000",
+            "files": [{"path": str(path), "sha256_before": hashlib.sha256(old).hexdigest(),
+                       "sha256_after": hashlib.sha256(new).hexdigest(), "after": new.decode("utf-8")}]}
+
+
+@ROOT_ONLY
+@pytest.mark.parametrize("kind", ["symlink", "other_owner"])
+def test_journal_this_user_did_not_write_is_refused(lay, tmp_path, kind):
+    # A planted journal asks the next run to "complete" a write of code the planter chose.
+    gen = lay.site / GEN
+    old = gen.read_bytes()
+    doc = _journal_doc(gen, old, old + b"\nimport os  # injected\n")
+    journal = lay.pkg / JOURNAL_NAME
+    planted = tmp_path / "planted.json" if kind == "symlink" else journal
+    planted.write_text(json.dumps(doc))
+    os.chown(planted, NOBODY, NOBODY)
+    if kind == "symlink":
+        journal.symlink_to(planted)
+    for check in (True, False):
+        failed, msg, dummy = _outcome(lambda c=check: lay.run(SET, check_mode=c))
+        assert failed, "check_mode=%s: the planted journal was used" % check
+        assert b"injected" not in gen.read_bytes()
+        assert str(journal) in msg
+        assert ("is a symbolic link" if kind == "symlink" else "is owned by uid %d" % NOBODY) in msg, msg
+
+
+@ROOT_ONLY
+@pytest.mark.parametrize("where,change,needle", [
+    ("speculators/utils", "mode:0o777", "is writable by others (mode 777)"),
+    ("speculators", "mode:0o775", "is writable by its group (mode 775)"),
+    ("speculators/models", "owner", "is owned by uid %d" % NOBODY),
+    ("", "mode:0o777", "is writable by others (mode 777)"),  # site-packages itself
+])
+def test_root_refuses_a_directory_another_account_can_change(lay, where, change, needle):
+    directory = lay.site / where if where else lay.site
+    st = directory.stat()
+    if change == "owner":
+        os.chown(directory, NOBODY, NOBODY)
+    else:
+        directory.chmod(int(change.split(":")[1], 8))
+    try:
+        before = lay.snapshot()
+        for check in (True, False):
+            out = lay.run(SET, check_mode=check)
+            msg = _msg(out)
+            assert out.get("failed") is True, "check_mode=%s: the run was not refused" % check
+            assert "this run is root and the directory %s %s" % (directory, needle) in msg, msg
+            assert ("chmod go-w %s" % directory if change != "owner" else "chown root %s" % directory) in msg
+            assert lay.snapshot() == before and not lay.leftovers()
+    finally:
+        os.chown(directory, st.st_uid, st.st_gid)
+        directory.chmod(stat.S_IMODE(st.st_mode))
+
+
+NONROOT_RUN = r"""
+import json, subprocess, sys
+sys.path[:0] = [sys.argv[1] + "/collections", sys.argv[1]]
+from ansible_collections.specdec.eagle3.plugins.module_utils.ast_probe import SourceTree
+from ansible_collections.specdec.eagle3.plugins.module_utils.patch_engine import run
+from ansible_collections.specdec.eagle3.plugins.module_utils.pyenv import inspect
+
+def runner(argv):
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    return proc.returncode, proc.stdout, proc.stderr
+
+env = inspect(sys.argv[2], {"speculators"}, {"speculators"}, runner)
+print(json.dumps(run(json.loads(sys.argv[3]), env, SourceTree(env.roots), "present")))
+"""
+
+
+def _as_nobody():
+    os.setgroups([])
+    os.setgid(NOBODY)
+    os.setuid(NOBODY)
+
+
+@ROOT_ONLY
+def test_rules_for_root_do_not_refuse_the_venv_owner(tmp_path):
+    # A venv owned by nobody with a hard-linked file: root is refused (hard link, directories of another user);
+    # nobody, who owns it, patches it.
+    patches = [p for p in SET if p["file"] == GEN and not p.get("when")]
+    assert patches  # p01: no condition, so no vLLM is needed here
+    base = Path(tempfile.mkdtemp(prefix="specdec-nonroot-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        venv = base / "venv"
+        subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True)
+        site = next((venv / "lib").glob("python3*/site-packages"))
+        with zipfile.ZipFile(fetch("speculators", "0.3.0", "wheel")) as whl:
+            whl.extractall(site)
+        gen = site / GEN
+        os.link(gen, str(gen) + ".orig")
+        for dirpath, dirnames, filenames in os.walk(venv):
+            for name in [dirpath] + [os.path.join(dirpath, n) for n in dirnames + filenames]:
+                os.lchown(name, NOBODY, NOBODY)
+        original = gen.read_bytes()
+        env = inspect(str(venv / "bin" / "python"), {"speculators"}, {"speculators"}, runner)
+        as_root = run(patches, env, SourceTree(env.roots), "present")
+        assert as_root.get("failed") is True and gen.read_bytes() == original, as_root.get("results")
+        assert "%s has 2 hard links" % gen in _msg(as_root) and "owned by uid %d" % NOBODY in _msg(as_root)
+        # the system interpreter: nobody may not be able to reach the one running the tests
+        proc = subprocess.run(["/usr/bin/python3", "-c", NONROOT_RUN, str(Path(__file__).resolve().parents[3]),
+                               str(venv / "bin" / "python"), json.dumps(patches)],
+                              preexec_fn=_as_nobody, capture_output=True, text=True, check=False,
+                              env={"PATH": "/usr/bin:/bin", "HOME": str(base)})
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert not out.get("failed"), out.get("msg")
+        assert {r["state"] for r in out["results"]} == {"applied"} and gen.read_bytes() != original
+        st = gen.stat()
+        assert (st.st_uid, st.st_nlink) == (NOBODY, 1)
+    finally:
+        shutil.rmtree(base)
