@@ -29,9 +29,19 @@ description:
     O(state=present) or O(state=absent) first completes the interrupted run from its journal (roll forward), then
     removes the temp files of this pattern that kills left beside the set's files, then does its own work.
     O(state=asserted) fails while a journal names a file that is not yet written.
-  - A target that is a symbolic link is patched in place at the file it points to and the link is kept, as long
-    as that file lies inside the package directory; a link (or C(..) in O(patches)' C(file)) that leads outside
-    it is refused.
+  - Files are patched only inside the venv's own site-packages (the real path of its interpreter's sysconfig
+    purelib). A package imported from anywhere else (an editable or C(.pth) install) and a package directory that
+    is a symbolic link are refused. A target that is a symbolic link is patched in place at the file it points to
+    and the link is kept, as long as that file lies inside the package directory; a link (or C(..) in
+    O(patches)' C(file)) that leads outside it is refused. Files are opened without following a link put in
+    their place, and a staged file gets its mode and owner through its open descriptor.
+  - A run as root also refuses a target with more than one hard link and a target below a directory another
+    account can change (owned by a user other than root, or writable by its group or others; above
+    site-packages a root-owned sticky directory such as C(/tmp) is fine), with one line naming the path and the
+    fix (C(chmod go-w), C(chown root), or run the task as the venv's owner). Such a file is not read, so no
+    message shows its text. These rules do not apply to other users, who can only change what they may write.
+  - The journal of an interrupted run is used only when it is a regular file (not a link) owned by the user of
+    this run; otherwise the run fails naming it and writes nothing.
   - Patch sets ship as data under C(patch_sets/) of the collection; the action plugin reads them on the controller.
 author:
   - specdec developers (!UNKNOWN)
