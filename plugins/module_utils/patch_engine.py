@@ -171,9 +171,10 @@ def _root_problem(target, env, st):
             fixes.append(exposure[2])
     if not issues:
         return None
+    fix = "; ".join(fixes)
     return ("%s: this run is root and %s: another account could swap or alias what root reads and writes there, "
             "so the file is neither read nor patched. %s, then run again"
-            % (target.where, ", and ".join(issues), "; ".join(fixes)))
+            % (target.where, ", and ".join(issues), fix[0].upper() + fix[1:]))
 
 
 def _locate(target, env):
