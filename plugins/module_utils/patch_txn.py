@@ -141,8 +141,8 @@ def root_exposure(directory, inner):
                     % (directory, name))
         sticky_ok = bool(mode & stat.S_ISVTX) and not (directory + os.sep).startswith(inner)
         if mode & (stat.S_IWGRP | stat.S_IWOTH) and not sticky_ok:
-            return (directory, "is writable by %s (mode %o)" % ("others" if mode & stat.S_IWOTH else "its group",
-                                                                 mode),
+            who = "others" if mode & stat.S_IWOTH else "its group"
+            return (directory, "is writable by %s (mode %o)" % (who, mode),
                     "make it writable by its owner only (chmod go-w %s)" % directory)
     return None
 

@@ -10,7 +10,6 @@ import re
 import shutil
 import stat
 import subprocess
-import sys
 import tempfile
 import time
 import zipfile
