@@ -18,3 +18,13 @@ def test_venv_has_pip_seeded(host):
 
 def test_missing_interpreter_left_nothing_behind(host):
     assert not host.file("/opt/specdec/other-env").exists
+
+
+def test_unpinned_uv_wheel_left_no_uv_and_no_venv(host):
+    assert not host.file("/opt/specdec/tools/uv-unpinned/bin/uv").exists
+    assert not host.file("/opt/specdec/unpinned-env").exists
+
+
+def test_no_ca_variable_in_the_container(host):
+    env = host.check_output("env")
+    assert "SSL_CERT_FILE=" not in env and "PIP_CERT=" not in env and "REQUESTS_CA_BUNDLE=" not in env

@@ -44,9 +44,8 @@ def main():
             args += [flag, value]
     if best.get("no-index", (0, ""))[1].lower() in ("1", "true", "yes", "on"):
         args.append("--no-index")
-    if "--extra-index-url" in args:
-        # pip takes the best version across all indexes; uv's default stops at the first index that knows a name.
-        args.append("--index-strategy=unsafe-best-match")
+    # No --index-strategy here: pip takes the best version across all indexes, but uv keeps its own first-index
+    # default (ml_venv_index_strategy), so another index cannot shadow a package by publishing a higher version.
     cert = best.get("cert", (0, ""))[1]
     print(json.dumps({"args": args, "dropped": dropped, "cert": cert if cert and os.path.isfile(cert) else ""}))
 

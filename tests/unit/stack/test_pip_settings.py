@@ -28,7 +28,7 @@ def test_find_links_indexes_and_constraints_reach_uv(tmp_path):
     got = settings(tmp_path, f"[global]\nextra-index-url = file://{tmp_path}/missing-index https://mirror.example/simple\n"
                              f"constraint = {tmp_path}/c.txt\n", PIP_FIND_LINKS=str(wheels))
     assert got["args"] == ["--find-links", str(wheels), "--extra-index-url", "https://mirror.example/simple",
-                           "--constraint", f"{tmp_path}/c.txt", "--index-strategy=unsafe-best-match"]
+                           "--constraint", f"{tmp_path}/c.txt"]
     assert got["dropped"] == [f"file://{tmp_path}/missing-index"]
 
 
