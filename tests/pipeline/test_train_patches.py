@@ -9,6 +9,7 @@ Run with the pipeline venv: .cache/venvs/pipeline/bin/python -m pytest tests/pip
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -167,8 +168,9 @@ print(json.dumps({"file": speculators.__file__, "norm_weight": model.verifier_no
 """
 
 
-def _build(site, verifier, vocab=32, draft_vocab=16):
-    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "TORCHDYNAMO_DISABLE": "1"}
+def _build(site, verifier, vocab=32, draft_vocab=16, **extra_env):
+    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "TORCHDYNAMO_DISABLE": "1",
+           **extra_env}
     return subprocess.run([sys.executable, "-c", BUILD, str(verifier), str(vocab), str(draft_vocab)],
                           capture_output=True, text=True, env=env, check=False, timeout=300)
 
@@ -209,3 +211,39 @@ def test_unpatched_draft_model_fails_on_the_wrapped_verifier(trees, wrapped_veri
     assert proc.returncode != 0
     # 0.3.0 reads the sizes at the top level of the wrapper's config
     assert "'LlavaConfig' object has no attribute 'hidden_size'" in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.fixture
+def verifier_with_code(tmp_path, wrapped_verifier):
+    """The wrapped verifier whose config class is its own code (auto_map, as Kimi-K2.5's); the code notes each run."""
+    path, _unused = wrapped_verifier
+    dest = tmp_path / "verifier-with-code"
+    shutil.copytree(path, dest)
+    marker = tmp_path / "ran.txt"
+    (dest / "configuration_marker.py").write_text(
+        "from transformers import LlavaConfig\n\n"
+        f"with open({str(marker)!r}, 'a') as out:\n    out.write('configuration_marker.py\\n')\n\n\n"
+        "class MarkerLlavaConfig(LlavaConfig):\n    pass\n")
+    conf = json.loads((dest / "config.json").read_text())
+    conf["auto_map"] = {"AutoConfig": "configuration_marker.MarkerLlavaConfig"}
+    (dest / "config.json").write_text(json.dumps(conf))
+    return dest, marker
+
+
+@pytest.mark.parametrize("value,runs", [(None, False), ("0", False), ("1", True)], ids=["unset", "off", "on"])
+def test_patched_verifier_config_honours_the_switch(trees, verifier_with_code, tmp_path, value, runs):
+    # t01 reads SPECDEC_TRUST_REMOTE_CODE (the pipeline's eagle3_pipeline_trust_remote_code); unset means off
+    path, marker = verifier_with_code
+    extra = {} if value is None else {"SPECDEC_TRUST_REMOTE_CODE": value}
+    proc = _build(trees["patched"], path, HF_HOME=str(tmp_path / "hf"), **extra)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert marker.exists() is runs
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["eps"] == pytest.approx(1e-3)  # text_config either way
+
+
+def test_patched_verifier_config_refuses_an_unknown_switch_value(trees, verifier_with_code, tmp_path):
+    path, marker = verifier_with_code
+    proc = _build(trees["patched"], path, HF_HOME=str(tmp_path / "hf"), SPECDEC_TRUST_REMOTE_CODE="yes")
+    assert proc.returncode != 0 and not marker.exists()
+    assert ("ValueError: SPECDEC_TRUST_REMOTE_CODE is 'yes'; expected 1 (run the model's own code: "
+            "trust_remote_code) or 0 (do not)") in proc.stderr, proc.stderr[-3000:]

@@ -7,10 +7,11 @@ the Ansible role shows) and exits 0, 3 when it stopped on purpose (e.g. no train
 import argparse
 import importlib
 import json
+import os
 import sys
 import traceback
 
-from specdec_pipeline import STEPS, config, manifest, report
+from specdec_pipeline import STEPS, config, manifest, remote_code, report
 from specdec_pipeline.errors import PipelineError, StopAfter
 from specdec_pipeline.fsutil import disk_full_error, is_disk_full, recover_swap, write_json
 from specdec_pipeline.progress import log, setup_logging
@@ -46,6 +47,7 @@ def run_step(cfg, step):
 
 def run(cfg, until=None):
     ran, skipped, stopped = [], [], ""
+    remote_code.announce(cfg, log)  # before anything loads the target: which of its files will run
     for step in STEPS:  # finish or undo a directory swap a kill interrupted
         recover_swap(config.run_path(cfg, step))
     write_json(config.run_path(cfg, "progress.json"), {"step": "checking manifests", "state": "running", "done": 0,
@@ -55,6 +57,7 @@ def run(cfg, until=None):
         if current:
             skipped.append(step)
             log.info("%s: up to date (manifest matches) - skipped", step)
+            manifest.add_remote_code(cfg, step)
         else:
             log.info("%s: running (%s)", step, why)
             try:
@@ -97,6 +100,9 @@ def main(argv=None):
     parser.add_argument("--out", help="build-tiny: output directory")
     parser.add_argument("--shape", default="", help="build-tiny: e.g. heads=2,kv_heads=1 (head size 32)")
     args = parser.parse_args(argv)
+    # Nothing of the target comes from the hub: every model load of this process and of the processes it starts
+    # (trainer, vLLM) is offline. A hub dataset is fetched by a child process of its own (datasets_io).
+    os.environ.update(remote_code.OFFLINE_ENV)
     if args.command == "build-tiny":
         from specdec_pipeline import tiny  # noqa: PLC0415
 

@@ -14,7 +14,8 @@ from specdec_pipeline.serve import owned_arg
 DEFAULTS = {
     "run_dir": None,                 # required: everything of this run lives below it
     "track": "patched",              # patched | current: which implementation runs the steps (tracks/)
-    "target": {"path": None, "trust_remote_code": True, "use_fast": True},
+    # trust_remote_code: run the target's own *.py code (auto_map); off unless asked for (remote_code.py).
+    "target": {"path": None, "trust_remote_code": False, "use_fast": True},
     "dataset": {"source": None, "split": "train", "max_samples": None, "seed": 0,
                 "heldout": 0},               # conversations kept out of training for the evaluate stage
     "seq_length": 2048,

@@ -1,9 +1,15 @@
 """Conversation sources: ShareGPT / UltraChat / any hub id through `datasets`, or a local JSON/JSONL file.
 
-Every source is normalised to a list of {"role": user|assistant|system, "content": str} messages.
+Every source is normalised to a list of {"role": user|assistant|system, "content": str} messages. A hub dataset
+is loaded by a child process (`python -m specdec_pipeline.datasets_io NAME SPLIT OUT`), the one process of the
+pipeline that may reach the hub; the pipeline itself, which loads the target, runs with HF_HUB_OFFLINE=1.
 """
 
 import json
+import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 from specdec_pipeline.errors import PipelineError
@@ -60,12 +66,40 @@ def load_conversations(source, split="train"):
             raise PipelineError(f"dataset {source}: file not found; set eagle3_pipeline_dataset to an existing "
                                 ".json/.jsonl file or a dataset id.")
         return load_local(source)
+    name, default_split = HUB_ALIASES.get(source, (source, split))
+    with tempfile.TemporaryDirectory(prefix="specdec-dataset.") as tmp:
+        out = Path(tmp) / "conversations.json"
+        env = {k: v for k, v in os.environ.items() if k not in OFFLINE_VARIABLES}
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
+        proc = subprocess.run([sys.executable, "-m", "specdec_pipeline.datasets_io", name,
+                               split if source not in HUB_ALIASES else default_split, str(out)],
+                              env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
+        if proc.returncode != 0 or not out.is_file():
+            said = [line for line in proc.stderr.splitlines() if line.startswith("ERROR: ")]
+            raise PipelineError(said[-1][len("ERROR: "):] if said else
+                                f"dataset {name}: the loader exited with status {proc.returncode}: "
+                                f"{(proc.stderr.strip().splitlines() or ['no output'])[-1][:300]}")
+        return json.loads(out.read_text(encoding="utf-8"))
+
+
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+def _fetch(name, split, dest):
+    """The child process: load NAME from the hub and write its normalised conversations to DEST (JSON)."""
     import datasets  # noqa: PLC0415 - only the hub path needs it
 
-    name, default_split = HUB_ALIASES.get(source, (source, split))
     try:
-        ds = datasets.load_dataset(name, split=split if source not in HUB_ALIASES else default_split)
+        ds = datasets.load_dataset(name, split=split)
     except Exception as exc:
         raise PipelineError(f"dataset {name}: could not load it from the Hugging Face hub ({exc}); check the id, "
                             "the network and HF_TOKEN, or use a local .json/.jsonl.") from None
-    return [_normalise(r, f"{name}[{i}]") for i, r in enumerate(ds)]
+    Path(dest).write_text(json.dumps([_normalise(r, f"{name}[{i}]") for i, r in enumerate(ds)]), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    try:
+        _fetch(*sys.argv[1:4])
+    except PipelineError as error:
+        print("ERROR: " + " ".join(str(error).split()), file=sys.stderr)
+        raise SystemExit(2) from None

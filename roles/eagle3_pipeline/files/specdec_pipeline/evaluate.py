@@ -30,7 +30,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from specdec_pipeline import metrics
+from specdec_pipeline import metrics, remote_code
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.fsutil import atomic_path, read_json, sha256_file, sha256_json, write_json
 from specdec_pipeline.serve import VllmServer, free_port, owned_arg
@@ -241,7 +241,8 @@ def _request(srv, cfg, prompt):
 
 def measure(cfg, variant, draft_dir, prompts):
     log_path = Path(cfg["run_dir"]) / "logs" / f"evaluate-serve-{variant}.log"
-    env = {"HF_HUB_OFFLINE": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn", **cfg["server_env"]}
+    # HF_HUB_OFFLINE=1 after server_env: nothing of the target (an auto_map's code included) comes from the hub
+    env = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", **cfg["server_env"], **remote_code.OFFLINE_ENV}
     print(f"evaluate: starting vLLM for {variant} (log {log_path})", file=sys.stderr, flush=True)
     port = cfg["port"] or free_port(cfg["host"])
     name = f"vLLM server ({variant})"
@@ -305,12 +306,23 @@ def fingerprint(cfg, prompts):
     for name in ("config.json", "model.safetensors"):
         if not (export / name).is_file():
             raise PipelineError(f"evaluate: {export / name} is missing; run the pipeline stage (export) first.")
-    return {
+    fp = {
         "settings": sha256_json({k: cfg[k] for k in MEASURE_KEYS}),
         "export": {n: sha256_file(export / n) for n in ("config.json", "model.safetensors")},
         "prompts": sha256_json(prompts),
         "vllm": _vllm_version(cfg),
     }
+    ran = remote_code_files(cfg)
+    if ran:  # a changed file of the target's own code re-measures
+        fp["remote_code"] = ran
+    return fp
+
+
+def remote_code_files(cfg):
+    """{name: sha256} of the target's own *.py files vLLM runs: only with --trust-remote-code in server_args."""
+    if "--trust-remote-code" not in [str(a) for a in cfg["server_args"]]:
+        return {}
+    return remote_code.files_that_run(str(cfg["target"]))
 
 
 def manifest_file(cfg):
@@ -455,6 +467,9 @@ def _update_report(cfg, results):
 def run(cfg):
     prompts = load_prompts(cfg)
     fp = fingerprint(cfg, prompts)
+    for name, digest in fp.get("remote_code", {}).items():
+        print(f"evaluate: remote code: {cfg['target']}/{name} runs in vLLM (--trust-remote-code), sha256 {digest}",
+              file=sys.stderr, flush=True)
     current, why = is_current(cfg, fp)
     report_path = Path(cfg["run_dir"]) / "report" / "report.md"
     if current:

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from specdec_pipeline import manifest
+from specdec_pipeline import manifest, remote_code
 from specdec_pipeline.config import run_path, step_config
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.fsutil import (
@@ -174,6 +174,9 @@ def run(cfg):
     dtype = DTYPES[cfg["extract"]["dtype"]]
     backend_cls = _backend_class(cfg)
     identity = {"config": sha256_json(step_config(cfg, "extract")), "inputs": manifest.input_digests(cfg, "extract")}
+    ran = remote_code.record(cfg)["files"]
+    if ran:  # the target's own code (trust_remote_code): a changed file starts the extraction over, not a resume
+        identity["remote_code"] = ran
 
     # Same settings: resume in place. Other settings: build the new extraction in extract.new and swap it in when
     # complete - the finished samples stay in extract/ until then (a failure or a kill loses nothing).

@@ -9,6 +9,7 @@ import platform
 import time
 from pathlib import Path
 
+from specdec_pipeline import remote_code
 from specdec_pipeline.config import run_path, step_config
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.fsutil import read_json, sha256_file, sha256_json, write_json
@@ -18,6 +19,9 @@ PREVIOUS = {"prepare": None, "extract": "prepare", "vocab": "prepare", "train": 
 # Steps whose outputs a step reads (its inputs): a changed upstream output re-runs it.
 INPUTS = {"prepare": [], "extract": ["prepare"], "vocab": ["prepare"], "train": ["extract", "vocab"],
           "export": ["train", "vocab"]}
+# Steps that run the target's tokenizer or model on data: their manifests record the target's own code that ran
+# (remote_code.record) and a changed file re-runs them; later steps follow through their inputs.
+REMOTE_CODE_STEPS = ("prepare", "extract")
 
 
 def manifest_path(cfg, step):
@@ -71,6 +75,10 @@ def is_current(cfg, step):
         return False, "config changed"
     if man.get("inputs") != input_digests(cfg, step):
         return False, "inputs changed"
+    if step in REMOTE_CODE_STEPS and "remote_code" in man:  # manifests of earlier releases lack it: add_remote_code
+        why = remote_code.changes(man["remote_code"], remote_code.record(cfg))
+        if why:
+            return False, why
     run_dir = Path(cfg["run_dir"])
     for rel, meta in man["outputs"].items():
         p = run_dir / rel
@@ -94,7 +102,18 @@ def write(cfg, step, outputs, counts, started, extra=None):
         "finished": time.time(),
         "seconds": round(time.time() - started, 3),
     }
+    if step in REMOTE_CODE_STEPS:
+        man["remote_code"] = remote_code.record(cfg)
     if extra:
         man.update(extra)
     write_json(manifest_path(cfg, step), man)
     return man
+
+
+def add_remote_code(cfg, step):
+    """Record the target's own code in a current manifest written before manifests recorded it (the code that
+    ran then is not known; what is there now is recorded, so a later change is noticed)."""
+    man = read(cfg, step)
+    if step in REMOTE_CODE_STEPS and man is not None and "remote_code" not in man:
+        man["remote_code"] = remote_code.record(cfg)
+        write_json(manifest_path(cfg, step), man)

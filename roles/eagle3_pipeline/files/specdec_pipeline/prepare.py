@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from specdec_pipeline import manifest
+from specdec_pipeline import manifest, remote_code
 from specdec_pipeline.config import run_path
 from specdec_pipeline.datasets_io import load_conversations
 from specdec_pipeline.errors import PipelineError
@@ -32,7 +32,8 @@ def load_tokenizer(cfg):
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg["target"]["trust_remote_code"],
                                             use_fast=cfg["target"].get("use_fast", True))
     except Exception as exc:
-        raise PipelineError(f"{path}: cannot load the tokenizer ({exc}); check target.path.") from None
+        raise PipelineError(f"{path}: cannot load the tokenizer ({' '.join(str(exc).split())}); check target.path"
+                            f"{remote_code.hint(path, cfg['target']['trust_remote_code'])}.") from None
     if not getattr(tok, "chat_template", None):
         raise PipelineError(f"{path}: the tokenizer has no chat_template; use the target's own tokenizer "
                             "files (tokenizer_config.json with chat_template).")

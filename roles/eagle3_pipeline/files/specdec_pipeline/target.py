@@ -2,6 +2,7 @@
 
 from functools import cache
 
+from specdec_pipeline import remote_code
 from specdec_pipeline.errors import PipelineError
 
 
@@ -12,7 +13,9 @@ def _load(path, trust_remote_code):
     try:
         return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as exc:
-        raise PipelineError(f"{path}: cannot read the target's config.json ({exc}); check target.path.") from None
+        raise PipelineError(f"{path}: cannot read the target's config.json ({' '.join(str(exc).split())}); "
+                            "check target.path"
+                            f"{remote_code.hint(path, trust_remote_code)}.") from None
 
 
 def target_config(cfg):

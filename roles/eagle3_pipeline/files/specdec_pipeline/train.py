@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from specdec_pipeline import manifest
+from specdec_pipeline import manifest, remote_code
 from specdec_pipeline.config import run_path
 from specdec_pipeline.errors import PipelineError, StopAfter, exit_text
 from specdec_pipeline.fsutil import (
@@ -110,7 +110,7 @@ def run(cfg):
     if device == "cuda":  # torchrun even for one GPU: the same FSDP + bf16 mixed-precision path as 8 GPUs
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                "-m", "specdec_pipeline.train_worker", cfg["_path"], device, str(out)]
-    env = dict(os.environ)
+    env = dict(os.environ, **remote_code.switch_env(cfg))  # offline; the switch for the patched speculators
     if device == "cpu":
         env.setdefault("TORCH_COMPILE_DISABLE", "1")  # the draft's torch.compile only speeds up GPUs
     log.info("train: %s", " ".join(cmd))

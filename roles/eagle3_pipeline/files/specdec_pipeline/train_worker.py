@@ -10,6 +10,7 @@ trained weights) never depend on the filesystem's directory order. A full disk e
 
 import json
 import logging
+import os
 import random
 import sys
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 import torch
 
 from specdec_pipeline import config as config_mod
-from specdec_pipeline import cpu_attention, fsdp_init, vocab
+from specdec_pipeline import cpu_attention, fsdp_init, remote_code, vocab
 from specdec_pipeline.config import run_path
 from specdec_pipeline.fsutil import disk_full_error, is_disk_full, read_json, write_json
 from specdec_pipeline.progress import setup_logging
@@ -135,6 +136,7 @@ def train(argv):
     from speculators.train.utils import maybe_destroy_distributed, maybe_setup_distributed  # noqa: PLC0415
 
     cfg = config_mod.load(argv[0])
+    os.environ.update(remote_code.switch_env(cfg))  # the patched speculators (t01) reads the switch
     device = argv[1]
     setup_logging(run_path(cfg, "logs", "train.log"))
     torch.manual_seed(int(cfg["train"]["seed"]))

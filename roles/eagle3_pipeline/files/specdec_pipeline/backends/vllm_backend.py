@@ -18,6 +18,7 @@ Three things the generator does not do for us:
 import contextlib
 import os
 
+from specdec_pipeline import remote_code
 from specdec_pipeline.errors import PipelineError
 
 DEFAULT_CPU_KVCACHE_GIB = 1
@@ -84,9 +85,10 @@ def _cpu_memory_answer(torch, fraction, utilization):
 
 class VllmBackend:
     def __init__(self, cfg, layer_ids, dtype):
-        # vLLM starts its workers with spawn (the caller's __main__ must be guarded); the target is local.
+        # vLLM starts its workers with spawn (the caller's __main__ must be guarded); the target is local
+        # (HF_HUB_OFFLINE=1); the patched generator reads the trust_remote_code switch (remote_code.SWITCH_ENV).
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.update(remote_code.switch_env(cfg))
         import torch  # noqa: PLC0415
 
         try:
