@@ -5,8 +5,10 @@ tiny target. Everything in the venv runs in a subprocess (this pytest runs in th
 SPECDEC_CURRENT_VENV / SPECDEC_CURRENT_WORK override where they are.
 """
 
+import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -21,6 +23,9 @@ VENV = Path(os.environ.get("SPECDEC_CURRENT_VENV", PREFIX / "current-env"))
 WORK = Path(os.environ.get("SPECDEC_CURRENT_WORK", PREFIX / "work-current"))
 PY = VENV / "bin" / "python"
 TARGET = WORK / "tiny-target"
+# The run `ansible-playbook -i inventory/local-current site.yml` finished (16 samples, 2 epochs, export, evaluate)
+PROFILE_RUN = WORK / "runs" / "tiny-current"
+PROFILE_CONFIG = WORK / "runs" / "tiny-current.json"
 
 pytestmark = pytest.mark.skipif(not PY.exists() or not TARGET.exists(),
                                 reason=f"run `ansible-playbook -i inventory/local-current site.yml` first ({PY}, {TARGET})")
@@ -44,6 +49,50 @@ def write_config(path, run_dir, **over):
         cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
     path.write_text(json.dumps(cfg))
     return path
+
+
+def pipeline_env():
+    return dict(os.environ, PYTHONPATH=str(FILES), PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1")
+
+
+def merged(base, over):
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merged(base.get(key, {}), value) if isinstance(value, dict) else value
+    return out
+
+
+needs_profile_run = pytest.mark.skipif(
+    not (PROFILE_RUN / "manifests" / "train.json").exists() or not PROFILE_CONFIG.exists(),
+    reason=f"run `ansible-playbook -i inventory/local-current site.yml` first ({PROFILE_RUN})")
+
+
+def copy_profile_run(tmp_path, **over):
+    """A copy of the profile's finished run and its run configuration with OVER merged in."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(PROFILE_RUN, run_dir, symlinks=True)
+    cfg = merged(json.loads(PROFILE_CONFIG.read_text()), {"run_dir": str(run_dir), **over})
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(cfg))
+    return run_dir, path
+
+
+def digests(directory):
+    """Every file (sha256), link (target) and directory below DIRECTORY."""
+    out = {}
+    for p in sorted(directory.rglob("*")):
+        rel = p.relative_to(directory).as_posix()
+        if p.is_symlink():
+            out[rel] = "link " + os.readlink(p)
+        elif p.is_dir():
+            out[rel] = "dir"
+        else:
+            out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def error_lines(text):
+    return [x for x in text.splitlines() if x.startswith("ERROR:")]
 
 
 def test_bytes_per_token_follows_the_storage():
@@ -94,12 +143,16 @@ def _in_sessions(sids):
     return [line for line in out.splitlines()[1:] if line.split(None, 1)[0] in sids]
 
 
-def test_sigkill_during_server_side_extraction_then_exact_resume(tmp_path):
-    run_dir = tmp_path / "run"
-    cfg = write_config(tmp_path / "c.json", run_dir)
-    env = dict(os.environ, PYTHONPATH=str(FILES), PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1")
+@needs_profile_run
+def test_sigkill_while_a_changed_extraction_is_built_keeps_the_finished_one_then_resumes_exactly(tmp_path):
+    # New capture ids after a finished run: the new extraction is built in extract.new beside the finished one.
+    run_dir, cfg = copy_profile_run(tmp_path, extract={"layer_ids": [3, 5, 8]}, current={"concurrency": 1})
+    kept, manifests = digests(run_dir / "extract"), digests(run_dir / "manifests")
+    n_samples = len((run_dir / "prepare" / "samples.jsonl").read_text().splitlines())
+    env = pipeline_env()
     argv = [str(PY), "-m", "specdec_pipeline", str(cfg), "run", "--until", "extract"]
-    finished = run_dir / "extract" / "finished.jsonl"
+    new = run_dir / "extract.new"
+    finished = new / "finished.jsonl"
     with open(tmp_path / "first.log", "w") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 1200
@@ -108,14 +161,17 @@ def test_sigkill_during_server_side_extraction_then_exact_resume(tmp_path):
                 break
             time.sleep(0.2)
         assert proc.poll() is None, "the run ended before it could be killed: " + (tmp_path / "first.log").read_text()[-2000:]
-        server_sids = _sessions(str(run_dir / "extract" / "staging"))
+        server_sids = _sessions(str(new / "staging"))
         assert server_sids, "no extraction server found while extracting"
         os.kill(proc.pid, signal.SIGKILL)  # the pipeline process only: no clean-up code runs
         proc.wait()
+    assert "building the new extraction in" in (tmp_path / "first.log").read_text()
+    assert digests(run_dir / "extract") == kept, "the finished extraction changed while the new one was built"
+    assert digests(run_dir / "manifests") == manifests
     before = {json.loads(line)["id"]: json.loads(line) for line in finished.read_text().splitlines() if line.strip()}
-    assert 3 <= len(before) < 10
+    assert 3 <= len(before) < n_samples
     # the server dies with the pipeline (PR_SET_PDEATHSIG), workers included
-    marker = str(run_dir / "extract" / "staging")
+    marker = str(new / "staging")
     for dummy in range(60):
         if not _server_left(marker):
             break
@@ -126,22 +182,49 @@ def test_sigkill_during_server_side_extraction_then_exact_resume(tmp_path):
             break
         time.sleep(1)
     assert not _in_sessions(server_sids), _in_sessions(server_sids)  # no engine or worker process left either
-    assert not (run_dir / "manifests" / "extract.json").exists()
 
     second = subprocess.run(argv, env=env, text=True, capture_output=True, check=False, timeout=1800)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert f"{len(before)} finished, {10 - len(before)} to do" in second.stderr
-    lines = [json.loads(line) for line in finished.read_text().splitlines() if line.strip()]
+    assert f"{len(before)} finished, {n_samples - len(before)} to do" in second.stderr  # continued in extract.new
+    assert not new.exists() and not (run_dir / "extract.old").exists()  # swapped in whole
+    ext = run_dir / "extract"
+    assert json.loads((ext / "data_config.json").read_text())["layer_ids"] == [3, 5, 8]
+    lines = [json.loads(line) for line in (ext / "finished.jsonl").read_text().splitlines() if line.strip()]
     ids = [rec["id"] for rec in lines]
-    assert sorted(ids) == list(range(10)) and len(ids) == len(set(ids)), ids  # each sample exactly once
+    assert sorted(ids) == sorted(json.loads(x)["id"] for x in (run_dir / "prepare" / "samples.jsonl").read_text().splitlines())
+    assert len(ids) == len(set(ids)), ids  # each sample exactly once
     man = json.loads((run_dir / "manifests" / "extract.json").read_text())
+    for rel, meta in man["outputs"].items():
+        assert hashlib.sha256((run_dir / rel).read_bytes()).hexdigest() == meta["sha256"], rel
     for sid, rec in before.items():  # what was finished before the kill was kept, not redone
         assert man["outputs"][f"extract/hidden_states/hs_{rec['index']}.safetensors"]["sha256"] == rec["sha256"]
-    assert not (run_dir / "extract" / "staging").exists()
+    assert not (ext / "staging").exists()
     assert not _server_left(marker)
-    # every file holds the sample's tokens and [tokens, 4, 64] finite bf16 hidden states
+    # every file holds the sample's tokens and [tokens, 3, 64] finite bf16 hidden states
     venv_python(
         "import json; from specdec_pipeline.backends.current_server import check_file\n"
         f"rows = [json.loads(l) for l in open({str(run_dir / 'prepare' / 'samples.jsonl')!r})]\n"
         "for i, s in enumerate(rows):\n"
-        f"    check_file({str(run_dir / 'extract' / 'hidden_states')!r} + f'/hs_{{i}}.safetensors', s['input_ids'], 4, 64, 'bf16')")
+        f"    check_file({str(ext / 'hidden_states')!r} + f'/hs_{{i}}.safetensors', s['input_ids'], 3, 64, 'bf16')")
+
+@needs_profile_run
+@pytest.mark.parametrize(("over", "says"), [
+    # the issue's typo: the last capture id must be the final layer (8)
+    ({"extract": {"layer_ids": [2, 4, 5, 7]}}, "extract.layer_ids [2, 4, 5, 7]: on the current track expected"),
+    ({"current": {"draft_attn_impl": "flash"}}, "current.draft_attn_impl is 'flash': expected auto or one of"),
+    # a valid new setting whose new extraction would not fit beside the finished one
+    ({"current": {"hs_storage": "fp8"}, "extract": {"disk_margin": 1e12}}, "extract: not enough disk space for"),
+], ids=["layer-ids-typo", "draft-attention", "disk-space"])
+def test_refused_setting_after_a_finished_run_leaves_every_file_byte_identical(tmp_path, over, says):
+    run_dir, cfg = copy_profile_run(tmp_path, **over)
+    before = digests(run_dir)
+    n_samples = len((run_dir / "prepare" / "samples.jsonl").read_text().splitlines())
+    assert sum(1 for k in before if k.startswith("extract/hidden_states/hs_")) == n_samples
+    assert any(k.startswith("train/checkpoints/") for k in before)
+    proc = subprocess.run([str(PY), "-m", "specdec_pipeline", str(cfg), "run"], env=pipeline_env(), text=True,
+                          capture_output=True, check=False, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    err = error_lines(proc.stderr)
+    assert len(err) == 1 and says in err[0], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert digests(run_dir) == before, "the refused setting changed or deleted files of the finished run"

@@ -45,11 +45,25 @@ def run_step(cfg, step):
         raise disk_full_error(step, path, _space_needed(module, cfg)) from None
 
 
+def check_settings(cfg, until=None):
+    """Every step's settings (up to UNTIL) and, where a step can tell from what is there, its disk space -
+    checked before the run writes anything: reads only."""
+    from specdec_pipeline import tracks  # noqa: PLC0415
+
+    for step in STEPS:
+        check = tracks.checker(cfg, step)
+        if check is not None:
+            check(cfg)
+        if step == until:
+            break
+
+
 def run(cfg, until=None):
     ran, skipped, stopped = [], [], ""
     remote_code.announce(cfg, log)  # before anything loads the target: which of its files will run
     for step in STEPS:  # finish or undo a directory swap a kill interrupted
         recover_swap(config.run_path(cfg, step))
+    check_settings(cfg, until)  # a refused setting (or too little disk space) leaves every file as it was
     write_json(config.run_path(cfg, "progress.json"), {"step": "checking manifests", "state": "running", "done": 0,
                                                        "total": len(STEPS), "unit": "steps"})
     for step in STEPS:

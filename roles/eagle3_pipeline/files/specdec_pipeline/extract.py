@@ -14,7 +14,6 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import time
 
 import torch
@@ -25,11 +24,12 @@ from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.fsutil import (
     atomic_path,
     check_space,
-    read_json,
+    dir_size,
+    open_step_dir,
+    plan_step_dir,
     recover_swap,
     sha256_file,
     sha256_json,
-    staging_dir,
     swap_in,
     write_bytes_atomic,
     write_json,
@@ -74,7 +74,7 @@ def bytes_needed(n_tokens, n_layers, hidden, dtype):
     return n_tokens * n_layers * hidden * torch.tensor([], dtype=dtype).element_size()
 
 
-def disk_preflight(cfg, out_dir, n_tokens, n_layers, hidden, dtype, detail="", fix=None):
+def disk_preflight(cfg, out_dir, n_tokens, n_layers, hidden, dtype, detail="", fix=None, reclaim=0):
     """Fail before anything is written when the filesystem of OUT_DIR cannot hold the remaining samples."""
     need = int(bytes_needed(n_tokens, n_layers, hidden, dtype) * float(cfg["extract"]["disk_margin"]))
     size = torch.tensor([], dtype=dtype).element_size()
@@ -82,7 +82,7 @@ def disk_preflight(cfg, out_dir, n_tokens, n_layers, hidden, dtype, detail="", f
             f"{cfg['extract']['disk_margin']}{detail}")
     free = check_space("extract", out_dir, need, what,
                        fix or "free space there, point eagle3_pipeline_work_dir at a larger filesystem "
-                       "or lower eagle3_pipeline_max_samples")
+                       "or lower eagle3_pipeline_max_samples", reclaim=reclaim)
     return need, free
 
 
@@ -161,6 +161,20 @@ def _backend_class(cfg):
     return HfBackend
 
 
+def storage_dtype(cfg):
+    """extract.dtype as a torch dtype; an unknown name is one PipelineError."""
+    if cfg["extract"]["dtype"] not in DTYPES:
+        raise PipelineError(f"extract.dtype {cfg['extract']['dtype']!r}: expected one of {sorted(DTYPES)}; "
+                            "fix eagle3_pipeline_extract_dtype.")
+    return DTYPES[cfg["extract"]["dtype"]]
+
+
+def check(cfg):
+    """The extract settings that need no step output (the pipeline checks them before it touches anything)."""
+    layer_ids(cfg)
+    storage_dtype(cfg)
+
+
 def run(cfg):
     started = time.time()
     final = run_path(cfg, "extract")
@@ -168,10 +182,7 @@ def run(cfg):
     samples = load_samples(cfg)
     ids = layer_ids(cfg)
     tc = text_config(cfg)
-    if cfg["extract"]["dtype"] not in DTYPES:
-        raise PipelineError(f"extract.dtype {cfg['extract']['dtype']!r}: expected one of {sorted(DTYPES)}; "
-                            "fix eagle3_pipeline_extract_dtype.")
-    dtype = DTYPES[cfg["extract"]["dtype"]]
+    dtype = storage_dtype(cfg)
     backend_cls = _backend_class(cfg)
     identity = {"config": sha256_json(step_config(cfg, "extract")), "inputs": manifest.input_digests(cfg, "extract")}
     ran = remote_code.record(cfg)["files"]
@@ -181,31 +192,26 @@ def run(cfg):
     # Same settings: resume in place. Other settings: build the new extraction in extract.new and swap it in when
     # complete - the finished samples stay in extract/ until then (a failure or a kill loses nothing).
     recover_swap(final)
-    state_fix = "delete it (the extraction in that directory is then started over)"
-    if not final.exists() or read_json(final / "state.json", fix=state_fix) == identity:
-        out_dir, detail, fix = final, "", None
-    else:
-        out_dir = staging_dir(final)
-        if out_dir.exists() and read_json(out_dir / "state.json", fix=state_fix) != identity:
-            log.info("extract: removing %s, an unfinished extraction with other settings", out_dir)
-            shutil.rmtree(out_dir)
+    out_dir, discard = plan_step_dir(final, identity, fix="delete it (the extraction in that directory is then "
+                                     "started over)")
+    detail, fix = "", None
+    if out_dir != final:
         log.info("extract: config or prepared data changed - building the new extraction in %s; %s is kept "
                  "until it is complete", out_dir, final)
         detail = f"; the finished extraction in {final} is kept until the new one is complete"
         fix = (f"free space there, or remove {final} yourself to start over in its place, or lower "
                "eagle3_pipeline_max_samples")
     finished_path = out_dir / "finished.jsonl"
-    finished = read_finished(finished_path)
+    finished = {} if discard else read_finished(finished_path)
     bad = check_finished(out_dir, finished)
     for i, why in bad.items():
         log.warning("extract: finished sample %s is redone: %s", out_dir / f"data_{i}.pt", why)
         del finished[i]
     todo = [s for s in samples if s["id"] not in finished]
     disk_preflight(cfg, out_dir, sum(len(s["input_ids"]) for s in todo), len(ids), tc.hidden_size, dtype,
-                   detail, fix)
+                   detail, fix, reclaim=dir_size(out_dir) if discard else 0)
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(out_dir / "state.json", identity)
+    open_step_dir("extract", out_dir, discard, identity)
     # A run killed while writing a sample leaves its temporary file behind; the sample itself is not in
     # finished.jsonl, so it is redone - the stale partial file is only removed.
     for stale in out_dir.glob(".*.tmp"):

@@ -123,6 +123,36 @@ def recover_swap(final):
         shutil.rmtree(old)
 
 
+def plan_step_dir(final, identity, state_name="state.json", resume=True,
+                  fix="delete it (the step then starts over in that directory)"):
+    """Where a step that replaces the directory FINAL builds, decided by reading only: (work, discard).
+
+    WORK is FINAL itself when FINAL does not exist or holds a build of the same IDENTITY (config and inputs, in
+    WORK/STATE_NAME) - the step resumes there; otherwise FINAL.new, and the finished FINAL stays untouched until
+    swap_in() replaces it by the complete new build. DISCARD is True when WORK exists but must be emptied first
+    (a build with other settings, or any build when RESUME is False: a trainer that cannot continue).
+    Nothing is changed here: the caller checks everything else first, then calls open_step_dir().
+    """
+    final, new = Path(final), staging_dir(final)
+    if resume and (not final.exists() or read_json(final / state_name, fix=fix) == identity):
+        return final, False
+    if not new.exists():
+        return new, False
+    return new, not (resume and read_json(new / state_name, fix=fix) == identity)
+
+
+def open_step_dir(step, work, discard, identity, state_name="state.json"):
+    """Make WORK (from plan_step_dir) ready to write: emptied when DISCARD, created, its identity recorded."""
+    from specdec_pipeline.progress import log  # noqa: PLC0415 - progress imports this module
+
+    work = Path(work)
+    if discard:
+        log.info("%s: removing %s, an unfinished build with other settings", step, work)
+        shutil.rmtree(work)
+    work.mkdir(parents=True, exist_ok=True)
+    write_json(work / state_name, identity)
+
+
 def dir_size(path):
     total = 0
     for root, _dirs, files in os.walk(path):
@@ -155,12 +185,14 @@ def free_bytes(path):
 FIX_SPACE = "free space there or point eagle3_pipeline_work_dir at a larger filesystem"
 
 
-def check_space(step, path, need, detail="", fix=FIX_SPACE):
-    """Raise one PipelineError when the filesystem of PATH has less than NEED bytes free."""
+def check_space(step, path, need, detail="", fix=FIX_SPACE, reclaim=0):
+    """Raise one PipelineError when the filesystem of PATH has less than NEED bytes free (counting RECLAIM bytes
+    that the step removes before it writes, e.g. an unfinished build with other settings)."""
     free = free_bytes(path)
-    if need > free:
+    if need > free + reclaim:
+        freed = f" (+ {human(reclaim)} of the unfinished build it replaces)" if reclaim else ""
         raise PipelineError(f"{step}: not enough disk space for {path}: needs about {human(need)}"
-                            f"{f' ({detail})' if detail else ''}, {human(free)} free; {fix}.")
+                            f"{f' ({detail})' if detail else ''}, {human(free)} free{freed}; {fix}.")
     return free
 
 

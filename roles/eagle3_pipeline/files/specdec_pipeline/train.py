@@ -8,7 +8,6 @@ over runs in train.new/ and replaces train/ only when it has finished.
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -18,11 +17,12 @@ from specdec_pipeline.config import run_path
 from specdec_pipeline.errors import PipelineError, StopAfter, exit_text
 from specdec_pipeline.fsutil import (
     check_space,
+    dir_size,
     disk_full_error,
     free_bytes,
-    read_json,
+    open_step_dir,
+    plan_step_dir,
     recover_swap,
-    staging_dir,
     swap_in,
 )
 from specdec_pipeline.progress import log
@@ -61,20 +61,6 @@ def space_needed(cfg, epochs=None):
     return int(per_epoch * epochs * 1.2)
 
 
-def _work_dir(cfg, device, identity):
-    """Where the trainer writes: train/ when it resumes there (GPU, same settings), else train.new/ - the
-    finished checkpoints in train/ are replaced only when the new training has finished."""
-    final = run_path(cfg, "train")
-    fix = "delete it (the training then starts over)"
-    if device == "cuda" and final.exists() and read_json(final / "identity.json", fix=fix) == identity:
-        return final
-    work = staging_dir(final)
-    if work.exists() and not (device == "cuda" and read_json(work / "identity.json", fix=fix) == identity):
-        log.info("train: starting from epoch 0 - removing the unfinished training in %s", work)
-        shutil.rmtree(work)
-    return work
-
-
 def _run_trainer(cmd, env):
     """Run the trainer, passing its stderr through; returns (status, the one-line error it printed or '')."""
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors="replace")
@@ -96,16 +82,19 @@ def run(cfg):
     recover_swap(final)
     identity = {"config": manifest.sha256_json(manifest.step_config(cfg, "train")),
                 "inputs": manifest.input_digests(cfg, "train")}
-    # A changed config/data starts over; so does the CPU, where speculators 0.3.0 cannot resume (see train_worker).
-    out = _work_dir(cfg, device, identity)
+    # Where the trainer writes: train/ when it resumes there (GPU, same settings), else train.new/ - the finished
+    # checkpoints in train/ are replaced only when the new training has finished. A changed config/data starts
+    # over; so does the CPU, where speculators 0.3.0 cannot resume (see train_worker).
+    out, discard = plan_step_dir(final, identity, "identity.json", resume=device == "cuda",
+                                 fix="delete it (the training then starts over)")
     ckpt = out / "checkpoints"
-    done = len([p for p in ckpt.iterdir() if p.is_dir() and p.name.isdigit()]) if ckpt.exists() else 0
+    done = len([p for p in ckpt.iterdir() if p.is_dir() and p.name.isdigit()]) if ckpt.exists() and not discard else 0
     remaining = max(int(cfg["train"]["epochs"]) - done, 0)
     check_space("train", ckpt, space_needed(cfg, remaining),
                 f"{remaining} epoch checkpoints of the draft with optimizer state"
-                + (f"; the finished training in {final} is kept until the new one is complete" if out != final else ""))
-    out.mkdir(parents=True, exist_ok=True)
-    manifest.write_json(out / "identity.json", identity)
+                + (f"; the finished training in {final} is kept until the new one is complete" if out != final else ""),
+                reclaim=dir_size(out) if discard else 0)
+    open_step_dir("train", out, discard, identity, "identity.json")
     cmd = [sys.executable, "-m", "specdec_pipeline.train_worker", cfg["_path"], device, str(out)]
     if device == "cuda":  # torchrun even for one GPU: the same FSDP + bf16 mixed-precision path as 8 GPUs
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",

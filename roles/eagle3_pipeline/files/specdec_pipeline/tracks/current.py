@@ -13,6 +13,10 @@ the draft reads (eagle_aux_hidden_state_layer_ids of the exported config).
 
 Resume: extract/finished.jsonl lists finished sample ids (appended after the file was validated and renamed into
 place); files the server wrote for unfinished requests sit in extract/staging and are discarded on the next run.
+
+Changed settings (both tracks' rule): every setting is checked before the run touches anything (CHECKS, run by
+cli.run first), and a changed extract or train is built in extract.new/ or train.new/ - resumed there after a
+kill - while the finished output stays untouched until the new one is complete and swapped in (fsutil).
 """
 
 import json
@@ -25,11 +29,23 @@ from specdec_pipeline import manifest, vocab
 from specdec_pipeline.backends import current_server
 from specdec_pipeline.config import run_path, step_config
 from specdec_pipeline.errors import PipelineError, exit_text
-from specdec_pipeline.fsutil import atomic_path, read_json, sha256_file, sha256_json, write_json
+from specdec_pipeline.fsutil import (
+    atomic_path,
+    check_space,
+    dir_size,
+    open_step_dir,
+    plan_step_dir,
+    read_json,
+    sha256_file,
+    sha256_json,
+    swap_in,
+    write_json,
+)
 from specdec_pipeline.prepare import load_samples
 from specdec_pipeline.progress import Progress, log
 from specdec_pipeline.serve import VllmServer
 from specdec_pipeline.target import text_config
+from specdec_pipeline.train import space_needed
 
 TOKEN_ID_BYTES = 8           # int64 token id per token
 FP8_SCALE_BYTES = 4          # float32 scale per token (hs-connectors' FP8 layout)
@@ -77,17 +93,16 @@ def bytes_per_token(n_layers, hidden, storage):
     return n_layers * hidden * 2 + TOKEN_ID_BYTES
 
 
-def disk_preflight(cfg, out_dir, n_tokens, n_layers, hidden):
+def disk_preflight(cfg, out_dir, n_tokens, n_layers, hidden, detail="", reclaim=0):
+    """Fail before anything is written when the filesystem of OUT_DIR cannot hold the remaining hidden states."""
     storage = cfg["current"]["hs_storage"]
     per_token = bytes_per_token(n_layers, hidden, storage)
     need = int(n_tokens * per_token * float(cfg["extract"]["disk_margin"]))
-    free = shutil.disk_usage(out_dir).free
-    if need > free:
-        raise PipelineError(
-            f"extract: {out_dir} has {free / 1e9:.1f} GB free but the hidden states of the remaining samples need "
-            f"about {need / 1e9:.1f} GB ({n_tokens} tokens x {per_token} B/token as {storage}, margin "
-            f"{cfg['extract']['disk_margin']}); use eagle3_pipeline_hs_storage: fp8, point eagle3_pipeline_work_dir "
-            "at a larger filesystem or lower eagle3_pipeline_max_samples.")
+    check_space("extract", out_dir, need,
+                f"the hidden states of the remaining samples: {n_tokens} tokens x {per_token} B/token as {storage}, "
+                f"margin {cfg['extract']['disk_margin']}{detail}",
+                "use eagle3_pipeline_hs_storage: fp8, point eagle3_pipeline_work_dir at a larger filesystem or "
+                "lower eagle3_pipeline_max_samples", reclaim=reclaim)
     return per_token
 
 
@@ -112,15 +127,24 @@ def _append(path, rec):
         os.fsync(f.fileno())
 
 
-def _fresh_dir(cfg, step, out_dir):
-    """Start STEP over when its config or inputs changed since the partial output was made; else keep it."""
+def _step_dir(cfg, step):
+    """(work, discard, identity) of STEP, reading only: its directory when it resumes there (same config and
+    inputs), else <step>.new, where the changed step is built while the finished output stays untouched until
+    the new one is complete (fsutil.plan_step_dir; swap_in at the end)."""
     identity = {"config": sha256_json(step_config(cfg, step)), "inputs": manifest.input_digests(cfg, step)}
-    state = out_dir / "state.json"
-    if out_dir.exists() and read_json(state) != identity:
-        log.info("%s: config or inputs changed - starting over in %s", step, out_dir)
-        shutil.rmtree(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(state, identity)
+    work, discard = plan_step_dir(run_path(cfg, step), identity,
+                                  fix=f"delete it (the {step} step then starts over there)")
+    return work, discard, identity
+
+
+def _inputs_settled(cfg, step):
+    """True when every step STEP reads has a manifest made with today's settings: what it left is what STEP will
+    read (so the disk-space check can run before the run writes anything)."""
+    for dep in manifest.INPUTS[step]:
+        man = manifest.read(cfg, dep)
+        if man is None or man.get("config_hash") != sha256_json(step_config(cfg, dep)):
+            return False
+    return True
 
 
 def write_dataset(samples, dest):
@@ -148,10 +172,49 @@ def _dataset_outputs(cfg, dest):
 
 
 # ---------------------------------------------------------------------------------------------- extract
+def _extract_settings(cfg):
+    """The capture ids (checked against the target's config) after the server's dtype (hs_storage: config.load)."""
+    from specdec_pipeline.extract import storage_dtype  # noqa: PLC0415 - the one home of the dtype names
+
+    storage_dtype(cfg)
+    return layer_ids(cfg)
+
+
+def _extract_plan(cfg):
+    """What the extract step decides before it writes, reading only: the settings checked, where it builds, what
+    is left to do, and that it fits on the disk."""
+    ids = _extract_settings(cfg)
+    samples = load_samples(cfg)
+    hidden = int(text_config(cfg).hidden_size)
+    final = run_path(cfg, "extract")
+    out_dir, discard, identity = _step_dir(cfg, "extract")
+    finished = {} if discard else _read_finished(out_dir / "finished.jsonl")
+    todo = [s for s in samples if s["id"] not in finished]
+    kept = f"; the finished extraction in {final} is kept until the new one is complete" if out_dir != final else ""
+    per_token = disk_preflight(cfg, out_dir, sum(len(s["input_ids"]) for s in todo), len(ids), hidden, kept,
+                               reclaim=dir_size(out_dir) if discard else 0)
+    return {"ids": ids, "samples": samples, "hidden": hidden, "final": final, "out_dir": out_dir,
+            "discard": discard, "identity": identity, "finished": finished, "todo": todo, "per_token": per_token}
+
+
+def check_extract(cfg):
+    """The extract settings, checked before the run writes anything; the disk space too when the prepared
+    samples it would read are settled. Returns the capture ids."""
+    return _extract_plan(cfg)["ids"] if _inputs_settled(cfg, "extract") else _extract_settings(cfg)
+
+
 def extract(cfg):
     started = time.time()
-    out_dir = run_path(cfg, "extract")
-    _fresh_dir(cfg, "extract", out_dir)
+    # Every setting and the disk space are checked before anything in the run directory is touched.
+    plan = _extract_plan(cfg)
+    ids, samples, hidden, final, out_dir = plan["ids"], plan["samples"], plan["hidden"], plan["final"], plan["out_dir"]
+    finished, todo, per_token = plan["finished"], plan["todo"], plan["per_token"]
+    storage = cfg["current"]["hs_storage"]
+    finished_path = out_dir / "finished.jsonl"
+    if out_dir != final:
+        log.info("extract: config or inputs changed - building the new extraction in %s; %s is kept until it is "
+                 "complete", out_dir, final)
+    open_step_dir("extract", out_dir, plan["discard"], plan["identity"])
     staging, hs_dir = out_dir / "staging", out_dir / "hidden_states"
     if staging.exists():  # what the server wrote for requests a killed run never recorded
         log.info("extract: discarding %d files of an interrupted run in %s", sum(1 for dummy in staging.iterdir()), staging)
@@ -161,16 +224,8 @@ def extract(cfg):
     for stale in hs_dir.glob(".*.tmp"):
         stale.unlink()
 
-    samples = load_samples(cfg)
     index = {s["id"]: i for i, s in enumerate(samples)}
     write_dataset(samples, out_dir / "dataset")
-    ids = layer_ids(cfg)
-    hidden = int(text_config(cfg).hidden_size)
-    storage = cfg["current"]["hs_storage"]
-    finished_path = out_dir / "finished.jsonl"
-    finished = _read_finished(finished_path)
-    todo = [s for s in samples if s["id"] not in finished]
-    per_token = disk_preflight(cfg, out_dir, sum(len(s["input_ids"]) for s in todo), len(ids), hidden)
     log.info("extract: %d samples, %d finished, %d to do; capture ids %s; %s storage (%d B/token); server-side",
              len(samples), len(finished), len(todo), ids, storage, per_token)
     prog = Progress(run_path(cfg, "progress.json"), "extract", len(samples))
@@ -207,12 +262,15 @@ def extract(cfg):
                             "re-run the pipeline to resume.")
     outputs = {f"extract/hidden_states/hs_{r['index']}.safetensors": {"size": r["size"], "sha256": r["sha256"]}
                for r in finished.values()}
-    outputs.update(_dataset_outputs(cfg, out_dir / "dataset"))
     tokens = sum(r["tokens"] for r in finished.values())
     data_config = {"layer_ids": ids, "hidden_size": hidden, "hs_storage": storage, "bytes_per_token": per_token,
                    "backend": "vllm-server", "layout": "speculators-0.9", "file_pattern": "hidden_states/hs_{idx}.safetensors",
                    "target": cfg["target"]["path"]}
     write_json(out_dir / "data_config.json", data_config)
+    if out_dir != final:
+        log.info("extract: the new extraction is complete - replacing %s", final)
+        swap_in(out_dir, final)
+    outputs.update(_dataset_outputs(cfg, final / "dataset"))
     counts = {"samples": len(finished), "tokens": tokens, "layer_ids": ids, "hidden_size": hidden,
               "hs_storage": storage, "bytes_per_token": per_token,
               "bytes": sum(r["size"] for r in finished.values())}
@@ -220,6 +278,9 @@ def extract(cfg):
 
 
 # ---------------------------------------------------------------------------------------------- train
+ATTN_IMPLS = ("simple_flex_attention", "sdpa", "eager")  # speculators 0.9's --draft-attn-impl choices
+
+
 def attention_impl(cfg):
     chosen = cfg["current"]["draft_attn_impl"]
     if chosen != "auto":
@@ -228,6 +289,9 @@ def attention_impl(cfg):
     head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
     # FlexAttention's backward fails for head_dim > 128 on some GPUs (SM120) and needs a GPU at all.
     return "sdpa" if cfg["current"]["device"] == "cpu" or head_dim > 128 else "simple_flex_attention"
+
+
+LOSS_IMPLS = ("fused", "eager")  # speculators 0.9's --loss-implementation choices
 
 
 def loss_impl(cfg):
@@ -280,10 +344,45 @@ def epochs_done(save_dir):
                   if p.is_dir() and not p.is_symlink() and p.name.isdigit()) if save_dir.exists() else []
 
 
+def _train_settings(cfg):
+    for key, choices in (("draft_attn_impl", ATTN_IMPLS), ("loss_implementation", LOSS_IMPLS)):
+        value = cfg["current"][key]
+        if value != "auto" and value not in choices:
+            raise PipelineError(f"current.{key} is {value!r}: expected auto or one of {list(choices)} (what "
+                                f"`speculators train` takes); fix eagle3_pipeline_{key}.")
+
+
+def _train_plan(cfg):
+    """What the train step decides before it writes, reading only: the settings checked, where it trains, and
+    that the remaining epochs' checkpoints fit on the disk."""
+    _train_settings(cfg)
+    final = run_path(cfg, "train")
+    out, discard, identity = _step_dir(cfg, "train")
+    save_dir = out / "checkpoints"
+    remaining = max(int(cfg["train"]["epochs"]) - (0 if discard else len(epochs_done(save_dir))), 0)
+    check_space("train", save_dir, space_needed(cfg, remaining),
+                f"{remaining} epoch checkpoints of the draft with optimizer state"
+                + (f"; the finished training in {final} is kept until the new one is complete" if out != final else ""),
+                reclaim=dir_size(out) if discard else 0)
+    return final, out, discard, identity
+
+
+def check_train(cfg):
+    """The train settings, checked before the run writes anything; the disk space too when the extraction and
+    vocab it would read are settled."""
+    if _inputs_settled(cfg, "train"):
+        _train_plan(cfg)
+    else:
+        _train_settings(cfg)
+
+
 def train(cfg):
     started = time.time()
-    out = run_path(cfg, "train")
-    _fresh_dir(cfg, "train", out)
+    final, out, discard, identity = _train_plan(cfg)  # before anything in the run directory is touched
+    if out != final:
+        log.info("train: config or inputs changed - training in %s; %s is kept until the new training is complete",
+                 out, final)
+    open_step_dir("train", out, discard, identity)
     save_dir = out / "checkpoints"
     argv = train_argv(cfg, save_dir)
     log_path = run_path(cfg, "logs", "train.log")
@@ -318,6 +417,10 @@ def train(cfg):
     if missing:
         raise PipelineError(f"train: checkpoint {last} lacks {missing}; see {log_path}.")
     prog.finish(f"{len(done)} epochs")
+    if out != final:
+        log.info("train: the new training is complete - replacing %s", final)
+        swap_in(out, final)
+        last = final / "checkpoints" / str(done[-1])
     counts = {"epochs": len(done), "last_epoch": done[-1], "draft_attn_impl": attention_impl(cfg),
               "loss_implementation": loss_impl(cfg), "trainer": "speculators train"}
     return _write_manifest(cfg, "train", [last / f for f in CHECKPOINT_FILES], counts, started)
@@ -367,3 +470,4 @@ def export(cfg):
 
 
 HOOKS = {"extract": extract, "train": train, "export": export}
+CHECKS = {"extract": check_extract, "train": check_train}
