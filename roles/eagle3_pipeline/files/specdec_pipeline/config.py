@@ -51,7 +51,7 @@ DEFAULTS = {
         "cpu_kvcache_gib": 2,
         "server_args": [],           # extra `vllm serve` arguments
         "draft_attn_impl": "auto",   # auto: sdpa on the CPU or when head_dim > 128, else simple_flex_attention
-        "loss_implementation": "auto",  # auto: eager on the CPU, fused elsewhere
+        "loss_implementation": "auto",  # auto: what a GPU run proved on the installed stack (tracks/current.py), else eager
         "train_data_ratio": 0.9,
         "num_workers": 2,
     },
@@ -122,8 +122,9 @@ def load(path):
                             f"{list(HS_STORAGE)} (eagle3_pipeline_hs_storage).")
     if cfg["current"]["device"] not in ("cuda", "cpu"):
         raise PipelineError(f"{path}: current.device is {cfg['current']['device']!r}; expected 'cuda' or 'cpu'.")
-    if not 0 <= float(cfg["min_mask_share"]) <= 1:
-        raise PipelineError(f"{path}: min_mask_share must be between 0 and 1.")
+    if cfg["current"]["loss_implementation"] not in ("auto", "fused", "eager"):
+        raise PipelineError(f"{path}: current.loss_implementation is {cfg['current']['loss_implementation']!r}; "
+                            "expected 'auto', 'fused' or 'eager' (eagle3_pipeline_loss_implementation).")
     if not isinstance(cfg["current"]["server_args"], list):
         raise PipelineError(f"{path}: current.server_args is {cfg['current']['server_args']!r}; expected a list of "
                             "strings (eagle3_pipeline_server_args).")
@@ -132,6 +133,8 @@ def load(path):
         raise PipelineError(f"{path}: current.server_args (eagle3_pipeline_server_args) contains {owned!r}; the "
                             "pipeline sets the extraction server's host (127.0.0.1), port and API key itself - remove "
                             "it (current.port chooses a fixed port; 0 picks a free one).")
+    if not 0 <= float(cfg["min_mask_share"]) <= 1:
+        raise PipelineError(f"{path}: min_mask_share must be between 0 and 1.")
     cfg["_path"] = str(path)
     return cfg
 

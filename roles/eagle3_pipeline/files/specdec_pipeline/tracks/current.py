@@ -20,6 +20,7 @@ kill - while the finished output stays untouched until the new one is complete a
 """
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -291,14 +292,39 @@ def attention_impl(cfg):
     return "sdpa" if cfg["current"]["device"] == "cpu" or head_dim > 128 else "simple_flex_attention"
 
 
-LOSS_IMPLS = ("fused", "eager")  # speculators 0.9's --loss-implementation choices
+# `speculators train --loss-implementation` proven on a GPU, per stack: (speculators, torch release) ->
+# (implementation, the run that proved it; docs/gpu-proof.md). `auto` on a CUDA stack not listed takes
+# UNPROVEN_LOSS_IMPL: fused (Triton kernels under torch.compile) failed on the one stack tried, eager trained there.
+PROVEN_LOSS_IMPL = {
+    ("0.9.0", "2.11.0"): ("eager", "H200 cc 9.0, vLLM 0.26.0, 2026-12-03: fused fails in the first step "
+                                   "(torch.compile: ListVariable already tracked for mutation), eager trained"),
+}
+UNPROVEN_LOSS_IMPL = "eager"
+LOSS_IMPLS = ("fused", "eager")
+
+
+def _release(version):
+    return (version or "none").split("+", 1)[0]
+
+
+def loss_decision(cfg, stack=None):
+    """(implementation, why) for `speculators train --loss-implementation`; STACK: stack_versions() by default."""
+    chosen = cfg["current"]["loss_implementation"]
+    if chosen != "auto":
+        return chosen, "set by eagle3_pipeline_loss_implementation"
+    if cfg["current"]["device"] == "cpu":
+        return "eager", "auto: the CPU (fused needs Triton on a GPU)"
+    stack = stack_versions() if stack is None else stack
+    key = (_release(stack.get("speculators")), _release(stack.get("torch")))
+    if key in PROVEN_LOSS_IMPL:
+        impl, proof = PROVEN_LOSS_IMPL[key]
+        return impl, f"auto: proven on speculators {key[0]} + torch {key[1]} ({proof})"
+    return UNPROVEN_LOSS_IMPL, (f"auto: nothing proven on speculators {key[0]} + torch {key[1]}; "
+                                f"{UNPROVEN_LOSS_IMPL}, the fallback for unproven CUDA stacks")
 
 
 def loss_impl(cfg):
-    chosen = cfg["current"]["loss_implementation"]
-    if chosen != "auto":
-        return chosen
-    return "eager" if cfg["current"]["device"] == "cpu" else "fused"
+    return loss_decision(cfg)[0]
 
 
 def train_argv(cfg, save_dir):
@@ -344,6 +370,30 @@ def epochs_done(save_dir):
                   if p.is_dir() and not p.is_symlink() and p.name.isdigit()) if save_dir.exists() else []
 
 
+_RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:\s?")
+_ERROR_LINE = re.compile(r"^((?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception)\b.*)$")
+
+
+def train_failure(returncode, text, log_path, impl, why):
+    """One line for a failed `speculators train`; TEXT is what this run wrote to LOG_PATH.
+
+    A run that started training but logged no step (speculators logs `global_step=` after each) failed in its
+    first step - where the loss implementation's compilation happens - so the line names the option.
+    """
+    lines = [_RANK_PREFIX.sub("", ln).strip() for ln in text.splitlines()]
+    lines = [ln for ln in lines if ln]
+    errors = [m.group(1) for ln in lines if (m := _ERROR_LINE.match(ln))]
+    cause = (errors or lines or ["(the log is empty)"])[-1][:300]
+    status = exit_text(returncode)
+    if re.search(r"Training epoch \d+/\d+ started", text) and "global_step=" not in text:
+        fix = ("set eagle3_pipeline_loss_implementation: eager and re-run" if impl == "fused" else
+               "the loss implementation is eager already: see the log (eagle3_pipeline_draft_attn_impl: sdpa "
+               "avoids FlexAttention's compilation)")
+        return (f"train: `speculators train` {status} in its first training step with --loss-implementation {impl} "
+                f"({why}): {cause}; its log is {log_path}; {fix}.")
+    return f"train: `speculators train` {status}: {cause}; its log is {log_path}."
+
+
 def _train_settings(cfg):
     for key, choices in (("draft_attn_impl", ATTN_IMPLS), ("loss_implementation", LOSS_IMPLS)):
         value = cfg["current"][key]
@@ -385,11 +435,14 @@ def train(cfg):
     open_step_dir("train", out, discard, identity)
     save_dir = out / "checkpoints"
     argv = train_argv(cfg, save_dir)
+    impl, why = loss_decision(cfg)
     log_path = run_path(cfg, "logs", "train.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_start = log_path.stat().st_size if log_path.exists() else 0  # this run's part of the appended log
     epochs = int(cfg["train"]["epochs"])
     prog = Progress(run_path(cfg, "progress.json"), "train", epochs, unit="epochs")
     prog.resume_from(len(epochs_done(save_dir)))
+    log.info("train: loss implementation %s (%s)", impl, why)
     log.info("train: %s (log %s)", " ".join(argv), log_path)
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT)
@@ -406,9 +459,10 @@ def train(cfg):
                 proc.kill()
                 proc.wait()
     if proc.returncode != 0:
-        tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["(empty)"]
-        raise PipelineError(f"train: `speculators train` {exit_text(proc.returncode)}; its log {log_path} "
-                            f"ends with: {tail[0][:300]}")
+        with open(log_path, "rb") as f:
+            f.seek(log_start)
+            text = f.read().decode(errors="replace")
+        raise PipelineError(train_failure(proc.returncode, text, log_path, impl, why))
     done = epochs_done(save_dir)
     if not done:
         raise PipelineError(f"train: `speculators train` finished but wrote no checkpoint under {save_dir}; see {log_path}.")
@@ -422,7 +476,7 @@ def train(cfg):
         swap_in(out, final)
         last = final / "checkpoints" / str(done[-1])
     counts = {"epochs": len(done), "last_epoch": done[-1], "draft_attn_impl": attention_impl(cfg),
-              "loss_implementation": loss_impl(cfg), "trainer": "speculators train"}
+              "loss_implementation": impl, "loss_implementation_why": why, "trainer": "speculators train"}
     return _write_manifest(cfg, "train", [last / f for f in CHECKPOINT_FILES], counts, started)
 
 
