@@ -68,6 +68,7 @@ def test_the_kimi_sample_passes_once_its_placeholders_are_set(inventory):
 @pytest.mark.parametrize(("extra", "expected"), [
     ({}, "set ansible_host in the inventory"),
     ({"specdec_venv_path": "/root/ml-env"}, "cannot read\n/root".replace("\n", " ")),
+    ({"specdec_prefix": "/root"}, "specdec_prefix (the pipeline code's home) is /root"),
     ({"specdec_work_dir": "data/eagle3"}, "specdec_work_dir must be an absolute path"),
     ({"specdec_gpu_count": 0}, "specdec_require_gpu is true but specdec_gpu_count is 0"),
     ({"specdec_require_gpu": False}, "specdec_install_driver is true while specdec_require_gpu is false"),
