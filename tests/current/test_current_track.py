@@ -207,6 +207,7 @@ def test_sigkill_while_a_changed_extraction_is_built_keeps_the_finished_one_then
         "for i, s in enumerate(rows):\n"
         f"    check_file({str(ext / 'hidden_states')!r} + f'/hs_{{i}}.safetensors', s['input_ids'], 3, 64, 'bf16')")
 
+
 @needs_profile_run
 @pytest.mark.parametrize(("over", "says"), [
     # the typo: the last capture id must be the final layer (8)

@@ -259,8 +259,8 @@ def train_figures(run: Path) -> None:
 # -- phases ------------------------------------------------------------------------------------------------------
 def phase_code_fp8() -> None:
     run = OUT / "code-fp8"
-    cfg = write_cfg(OUT / "code-fp8.json", base_cfg(run, CODE_LM, OUT / "code-conversations.jsonl", "fp8", 8,
-                                                   extract={"layer_ids": CODE_IDS}))
+    cfg = write_cfg(OUT / "code-fp8.json",
+                    base_cfg(run, CODE_LM, OUT / "code-conversations.jsonl", "fp8", 8, extract={"layer_ids": CODE_IDS}))
     started = time.monotonic()
     proc = pipeline([cfg, "run"], "code-fp8")
     ok = record("code-fp8: pipeline prepare -> extract (fp8, server-side) -> vocab -> train -> export",
@@ -432,8 +432,8 @@ def phase_tiny_bf16() -> None:
                 proc.returncode == 0, (proc.stdout.strip().splitlines() or [error_line(proc.stderr)])[-1][:400])
     if ok:
         res = json.loads((run / "evaluate" / "results.json").read_text())
-        figure("tiny-bf16.evaluate", {v: {k: r.get(k) for k in ("acceptance_length", "per_position", "output_tokens_per_s",
-                                                                 "server_startup_s")} for v, r in res["variants"].items()}
+        keys = ("acceptance_length", "per_position", "output_tokens_per_s", "server_startup_s")
+        figure("tiny-bf16.evaluate", {v: {k: r.get(k) for k in keys} for v, r in res["variants"].items()}
                | {"speedup": res["speedup"]})
 
 
@@ -475,8 +475,8 @@ def phase_fused() -> None:
 
 def phase_code_bf16() -> None:
     run = OUT / "code-bf16"
-    cfg = write_cfg(OUT / "code-bf16.json", base_cfg(run, CODE_LM, OUT / "code-conversations.jsonl", "bf16", 32,
-                                                    extract={"layer_ids": CODE_IDS}))
+    cfg = write_cfg(OUT / "code-bf16.json",
+                    base_cfg(run, CODE_LM, OUT / "code-conversations.jsonl", "bf16", 32, extract={"layer_ids": CODE_IDS}))
     proc = pipeline([cfg, "run", "--until", "extract"], "code-bf16")
     if not record("code-bf16: prepare -> extract (bf16, server-side, concurrency 32)", proc.returncode == 0,
                   error_line(proc.stderr)):
@@ -516,7 +516,7 @@ def machine() -> None:
     block = os.urandom(16 << 20)
     started = time.monotonic()
     with open(probe, "wb") as f:
-        for _ in range(64):
+        for dummy in range(64):
             f.write(block)
         f.flush()
         os.fsync(f.fileno())

@@ -48,6 +48,7 @@ def test_the_pipeline_copy_says_the_same():
 def test_a_server_killed_by_a_signal_while_starting_is_named(tmp_path):
     srv = VllmServer([sys.executable, "-c", SIGILL_SELF], port=free_port(), log_path=tmp_path / "serve.log",
                      name="test server", poll_s=0.1, stop_timeout_s=5, ready_timeout_s=30)
+    msg = ""
     try:
         srv.start()
     except ServeError as err:

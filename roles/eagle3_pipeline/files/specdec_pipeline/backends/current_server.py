@@ -19,14 +19,12 @@ import json
 import os
 import stat
 import sys
-import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from specdec_pipeline import metrics
 from specdec_pipeline.errors import PipelineError
-from specdec_pipeline.serve import free_port  # noqa: F401 - the one free-port helper (tracks.current uses it)
 
 MODEL_NAME = "specdec-target"
 SCALES_KEY = "hidden_states_scales"  # hs-connectors' FP8 layout: one float32 scale per token

@@ -44,7 +44,7 @@ from specdec_pipeline.fsutil import (
 )
 from specdec_pipeline.prepare import load_samples
 from specdec_pipeline.progress import Progress, log
-from specdec_pipeline.serve import VllmServer
+from specdec_pipeline.serve import VllmServer, free_port
 from specdec_pipeline.target import text_config
 from specdec_pipeline.train import space_needed
 
@@ -233,7 +233,7 @@ def extract(cfg):
     prog.resume_from(len(finished))
 
     if todo:
-        port = int(cfg["current"]["port"]) or current_server.free_port()
+        port = int(cfg["current"]["port"]) or free_port()
         argv = current_server.server_argv(cfg, ids, staging, port)
         log.info("extract: starting the server: %s", " ".join(argv))
         with VllmServer(argv, port=port, env=current_server.server_env(cfg),
