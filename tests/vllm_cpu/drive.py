@@ -22,7 +22,8 @@ def main():
 
     from specdec_pipeline.backends.vllm_backend import VllmBackend
 
-    cfg = {"seq_length": seq, "target": {"path": target},
+    # the tiny Llama target has no code of its own (the pipeline's config defaults the switch off as well)
+    cfg = {"seq_length": seq, "target": {"path": target, "trust_remote_code": False},
            "extract": {"gpu_memory_utilization": 0.8, "tensor_parallel_size": 1, "batch_size": 8,
                        "max_num_batched_tokens": 8192}}
     gen = torch.Generator().manual_seed(0)
