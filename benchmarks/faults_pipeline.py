@@ -194,7 +194,7 @@ OUTPUT_DIRS = ("extract", "extract.new", "train", "train.new")
 
 
 def _is_output(rel):
-    top, _, rest = rel.partition("/")
+    top, dummy, rest = rel.partition("/")
     # checkpoints/<epoch>/...: speculators' own checkpoints/train_command.txt is rewritten by every run
     return top in OUTPUT_DIRS and (rest.startswith("hidden_states/hs_") or re.match(r"checkpoints/\d+/", rest)
                                    or rest.startswith("dataset/"))
@@ -216,7 +216,7 @@ def compare(before, run_dir, swapped):
     """(lost, redone) of the files in BEFORE after a run; SWAPPED: the steps whose .new replaced the old output."""
     lost, redone = [], []
     for rel, (ino, mtime, digest) in before.items():
-        top, _, rest = rel.partition("/")
+        top, dummy, rest = rel.partition("/")
         if top in swapped:  # the old output a completed swap replaced: gone by design
             continue
         cands = [run_dir / rel] + ([run_dir / top.removesuffix(".new") / rest] if top.endswith(".new") else [])
@@ -386,6 +386,7 @@ def current_track(args):
         server_gone(hs_staging)
         # The training kills land before the first epoch's checkpoint: resuming `speculators train` 0.9.0 from a
         # checkpoint on the CPU fails in its DataLoader (pin_memory=True without an accelerator), see the README.
+
         def no_checkpoint():
             return not list((run_dir / "train" / "checkpoints").glob("[0-9]*"))
         offset = log_size()
