@@ -14,7 +14,8 @@ def _freeze(host):
 def test_protected_versions_did_not_move(host):
     freeze = _freeze(host)
     assert freeze["torch"] == "2.13.0+cpu"
-    assert freeze["vllm"] == "file:///opt/upstream/vllm-0.16.0-cp38-abi3-manylinux_2_31_x86_64.whl"
+    # The vllm role installs a local wheel from its checked, root-owned copy in the download directory.
+    assert freeze["vllm"] == "file:///opt/specdec/cache/wheels/vllm-0.16.0-cp38-abi3-manylinux_2_31_x86_64.whl"
     assert freeze["transformers"].startswith("4.")
     assert freeze["speculators"] == "0.3.0"
 
