@@ -33,7 +33,8 @@ def test_speculators_is_installed_without_deepspeed_or_a_second_vllm(host):
     assert _version(host, "speculators") == "0.3.0"
     record = json.loads(host.file(f"{VENV}/specdec-speculators.json").content_string)
     assert record["version"] == "0.3.0"
-    wheel = "vllm @ file:///opt/upstream/vllm-0.16.0-cp38-abi3-manylinux_2_31_x86_64.whl"
+    # the vllm role installed the local wheel from its checked, root-owned copy
+    wheel = "vllm @ file:///opt/specdec/cache/wheels/vllm-0.16.0-cp38-abi3-manylinux_2_31_x86_64.whl"
     assert record["protected"] == [wheel]
     constraints = host.file(f"{VENV}/specdec-constraints.txt").content_string
     assert wheel in constraints.splitlines()
