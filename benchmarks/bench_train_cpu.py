@@ -30,7 +30,7 @@ def env(*paths):
 
 
 def train(cfg, run_dir, nproc):
-    worker = ["-m", "specdec_pipeline.train_worker", str(cfg), "cpu"]
+    worker = ["-m", "specdec_pipeline.tracks.patched.train_worker", str(cfg), "cpu"]
     if nproc == 1:
         cmd, e = [sys.executable, *worker], env(FILES)
     else:

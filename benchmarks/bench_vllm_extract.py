@@ -30,8 +30,8 @@ SPEC = venv.cpu_build("0.16.0")
 # Runs under the vLLM venv: times backend construction and the extraction of every sample.
 WORKER = r"""
 import json, sys, time, torch
-from specdec_pipeline.backends.hf_backend import HfBackend
-from specdec_pipeline.backends.vllm_backend import VllmBackend
+from specdec_pipeline.tracks.patched.backends.hf_backend import HfBackend
+from specdec_pipeline.tracks.patched.backends.vllm_backend import VllmBackend
 backend_name, target, seq, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 cfg = {"seq_length": seq, "target": {"path": target, "trust_remote_code": True},
        "extract": {"gpu_memory_utilization": 0.8, "tensor_parallel_size": 1, "batch_size": 8,

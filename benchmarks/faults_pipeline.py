@@ -372,7 +372,7 @@ def current_track(args):
                 total["servers left"] += 1
 
         def trainer_pids():
-            return [int(pid) for sid, pid, cmd in _ps() if "current_train_cpu" in cmd and str(run_dir) in cmd]
+            return [int(pid) for sid, pid, cmd in _ps() if "backends.train_cpu" in cmd and str(run_dir) in cmd]
 
         def kill_trainer(proc):
             for pid in trainer_pids():

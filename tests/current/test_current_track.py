@@ -118,7 +118,7 @@ def test_layer_ids_must_end_with_the_final_layer(tmp_path):
 
 def test_cpu_connector_gathers_the_rows_of_a_request():
     out = venv_python(
-        "import torch; from specdec_pipeline.backends.current_cpu_connector import gather_rows\n"
+        "import torch; from specdec_pipeline.tracks.current.backends.cpu_connector import gather_rows\n"
         "cache = torch.arange(5 * 2 * 4 * 3, dtype=torch.float32).reshape(5, 2, 4, 3)  # blocks, layers, bs, hidden\n"
         "rows = gather_rows(cache, [3, 1], 4, 6)\n"
         "want = torch.cat([cache[3].permute(1, 0, 2), cache[1].permute(1, 0, 2)])[:6]\n"
@@ -202,7 +202,7 @@ def test_sigkill_while_a_changed_extraction_is_built_keeps_the_finished_one_then
     assert not _server_left(marker)
     # every file holds the sample's tokens and [tokens, 3, 64] finite bf16 hidden states
     venv_python(
-        "import json; from specdec_pipeline.backends.current_server import check_file\n"
+        "import json; from specdec_pipeline.tracks.current.backends.server import check_file\n"
         f"rows = [json.loads(l) for l in open({str(run_dir / 'prepare' / 'samples.jsonl')!r})]\n"
         "for i, s in enumerate(rows):\n"
         f"    check_file({str(ext / 'hidden_states')!r} + f'/hs_{{i}}.safetensors', s['input_ids'], 3, 64, 'bf16')")

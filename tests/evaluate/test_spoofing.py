@@ -21,7 +21,7 @@ import pytest
 from test_serve import LITTLE, alive
 
 from specdec_pipeline import evaluate, metrics, serve
-from specdec_pipeline.backends import current_server
+from specdec_pipeline.tracks.current.backends import server as current_server
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.serve import ServeError, VllmServer, free_port
 

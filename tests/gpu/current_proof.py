@@ -172,7 +172,7 @@ def hf_compare(target: Path, run: Path, ids: list, storage: str, n_files: int = 
     import torch  # noqa: PLC0415
     from transformers import AutoModelForCausalLM  # noqa: PLC0415
 
-    from specdec_pipeline.backends.current_server import load_hidden_states  # noqa: PLC0415
+    from specdec_pipeline.tracks.current.backends.server import load_hidden_states  # noqa: PLC0415
 
     hs_dir = run / "extract" / "hidden_states"
     files = sorted(hs_dir.glob("hs_*.safetensors"), key=lambda p: int(p.stem.split("_")[1]))

@@ -36,7 +36,7 @@ def _env(*paths):
 def _torchrun(cfg, log_dir):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={NPROC}",
            "--log-dir", str(log_dir), "--redirects", "3",
-           "-m", "specdec_pipeline.train_worker", str(cfg), "cpu"]
+           "-m", "specdec_pipeline.tracks.patched.train_worker", str(cfg), "cpu"]
     return subprocess.Popen(cmd, env=_env(SHIM, FILES), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -97,7 +97,7 @@ def single_started(runs):
     """The 1-process CPU run, as the train step starts it on a CPU host (plain process, no torchrun); it runs
     beside the 2-process one to keep the test short (its speed is measured by benchmarks/bench_train_cpu.py)."""
     cfg, dummy = runs["one"]
-    return subprocess.Popen([sys.executable, "-m", "specdec_pipeline.train_worker", str(cfg), "cpu"], env=_env(FILES),
+    return subprocess.Popen([sys.executable, "-m", "specdec_pipeline.tracks.patched.train_worker", str(cfg), "cpu"], env=_env(FILES),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -184,7 +184,8 @@ def test_the_final_checkpoint_exports_and_loads(resumed):
     draft model the train worker builds."""
     from safetensors.torch import load_file
 
-    from specdec_pipeline import config, export, train_worker
+    from specdec_pipeline import config
+    from specdec_pipeline.tracks.patched import export, train_worker
 
     cfg = config.load(resumed["cfg"])
     export.run(cfg)

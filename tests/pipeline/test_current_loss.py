@@ -13,7 +13,7 @@ import pytest
 
 from specdec_pipeline import config
 from specdec_pipeline.errors import PipelineError
-from specdec_pipeline.tracks import current
+from specdec_pipeline.tracks.current import train as current
 
 DATA = Path(__file__).parent / "data"
 

@@ -14,9 +14,9 @@ import torch
 from conftest import FILES, write_config
 
 from specdec_pipeline import config
-from specdec_pipeline.backends.vllm_backend import check_plan, pack
+from specdec_pipeline.tracks.patched.backends.vllm_backend import check_plan, pack
 from specdec_pipeline.errors import PipelineError
-from specdec_pipeline.extract import bytes_needed, disk_preflight, read_finished, validate_sample
+from specdec_pipeline.tracks.patched.extract import bytes_needed, disk_preflight, read_finished, validate_sample
 
 
 def _lines(path):

@@ -159,7 +159,7 @@ def test_same_inputs_give_byte_identical_samples_and_export(full_run, tmp_path, 
 def test_training_file_split_does_not_depend_on_directory_order(full_run, tmp_path, tmpfs):
     """tmpfs lists a directory in creation order: two copies made in opposite orders must train on the same split."""
     from specdec_pipeline import config
-    from specdec_pipeline.train_worker import loaders
+    from specdec_pipeline.tracks.patched.train_worker import loaders
 
     fs = tmpfs(tmp_path / "fs", "16m") or tmp_path
     src = sorted((full_run["run_dir"] / "extract").glob("data_*.pt"))
@@ -203,12 +203,12 @@ def test_full_disk_during_extract_is_one_line_and_leaves_no_partial_file(full_ru
 
 
 def test_full_disk_in_the_trainer_process_is_one_line(full_run, tmp_path, tmpfs):
-    from specdec_pipeline.train import _run_trainer
+    from specdec_pipeline.tracks.patched.train import _run_trainer
 
     fs = need_tmpfs(tmpfs, tmp_path / "fs", "256k")
     run_dir, cfg = copy_run(full_run, tmp_path)
     env = dict(os.environ, PYTHONPATH=str(FILES), TORCH_COMPILE_DISABLE="1")
-    status, said = _run_trainer([sys.executable, "-m", "specdec_pipeline.train_worker", str(cfg), "cpu",
+    status, said = _run_trainer([sys.executable, "-m", "specdec_pipeline.tracks.patched.train_worker", str(cfg), "cpu",
                                  str(fs / "train")], env)
     assert status == 28
     assert said.startswith(f"train: the disk is full - writing {fs / 'train' / 'checkpoints'}"), said

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import ROOT
 
-from specdec_pipeline import cpu_attention
+from specdec_pipeline.tracks.patched import cpu_attention
 
 
 def _block_mask(lengths, total):

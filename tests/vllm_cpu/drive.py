@@ -20,7 +20,7 @@ def main():
     provoke = "--provoke-split" in sys.argv
     import torch
 
-    from specdec_pipeline.backends.vllm_backend import VllmBackend
+    from specdec_pipeline.tracks.patched.backends.vllm_backend import VllmBackend
 
     # the tiny Llama target has no code of its own (the pipeline's config defaults the switch off as well)
     cfg = {"seq_length": seq, "target": {"path": target, "trust_remote_code": False},

@@ -5,36 +5,21 @@ the Ansible role shows) and exits 0, 3 when it stopped on purpose (e.g. no train
 """
 
 import argparse
-import importlib
 import json
 import os
 import sys
 import traceback
 
-from specdec_pipeline import STEPS, config, manifest, remote_code, report
+from specdec_pipeline import STEPS, config, manifest, remote_code, report, tracks
 from specdec_pipeline.errors import PipelineError, StopAfter
 from specdec_pipeline.fsutil import disk_full_error, is_disk_full, recover_swap, write_json
 from specdec_pipeline.progress import log, setup_logging
 
 
-def _step_runner(cfg, step):
-    from specdec_pipeline import tracks  # noqa: PLC0415
-
-    return tracks.runner(cfg, step)
-
-
-def _space_needed(module, cfg):
-    try:
-        return module.space_needed(cfg) if hasattr(module, "space_needed") else None
-    except Exception:  # noqa: BLE001 - only an estimate for the message
-        return None
-
-
 def run_step(cfg, step):
     """Run STEP; a full disk anywhere inside it becomes one PipelineError naming the step, path, need and free."""
-    module = importlib.import_module(f"specdec_pipeline.{step}")
     try:
-        return _step_runner(cfg, step)(cfg)
+        return tracks.runner(cfg, step)(cfg)
     except (PipelineError, StopAfter):
         raise
     except Exception as exc:
@@ -42,14 +27,12 @@ def run_step(cfg, step):
             raise
         log.debug("%s: disk full", step, exc_info=True)
         path = getattr(exc, "filename", None) or config.run_path(cfg, step)
-        raise disk_full_error(step, path, _space_needed(module, cfg)) from None
+        raise disk_full_error(step, path, tracks.space_needed(cfg, step)) from None
 
 
 def check_settings(cfg, until=None):
     """Every step's settings (up to UNTIL) and, where a step can tell from what is there, its disk space -
     checked before the run writes anything: reads only."""
-    from specdec_pipeline import tracks  # noqa: PLC0415
-
     for step in STEPS:
         check = tracks.checker(cfg, step)
         if check is not None:

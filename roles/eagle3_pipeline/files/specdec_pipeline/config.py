@@ -10,10 +10,12 @@ from pathlib import Path
 
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.serve import owned_arg
+from specdec_pipeline.tracks import DEFAULT as DEFAULT_TRACK
+from specdec_pipeline.tracks import TRACKS
 
 DEFAULTS = {
     "run_dir": None,                 # required: everything of this run lives below it
-    "track": "patched",              # patched | current: which implementation runs the steps (tracks/)
+    "track": DEFAULT_TRACK,          # a name of tracks.TRACKS: which implementation runs the steps (tracks/)
     # trust_remote_code: run the target's own *.py code (auto_map); off unless asked for (remote_code.py).
     "target": {"path": None, "trust_remote_code": False, "use_fast": True},
     "dataset": {"source": None, "split": "train", "max_samples": None, "seed": 0,
@@ -37,7 +39,7 @@ DEFAULTS = {
         "cpu_training": True,
     },
     "export": {"speculative_tokens": 3},
-    # The current track only (tracks/current.py): server-side extraction and `speculators train`.
+    # The current track only (tracks/current/): server-side extraction and `speculators train`.
     "current": {
         "device": "cuda",            # cuda | cpu (the CPU profile: CPU connector, accelerator calls redirected)
         "hs_storage": "bf16",        # bf16 | fp8 (hs-connectors' FP8 backend: about half the disk)
@@ -51,7 +53,7 @@ DEFAULTS = {
         "cpu_kvcache_gib": 2,
         "server_args": [],           # extra `vllm serve` arguments
         "draft_attn_impl": "auto",   # auto: sdpa on the CPU or when head_dim > 128, else simple_flex_attention
-        "loss_implementation": "auto",  # auto: what a GPU run proved on the installed stack (tracks/current.py), else eager
+        "loss_implementation": "auto",  # auto: what a GPU run proved on the installed stack (tracks/current/train.py), else eager
         "train_data_ratio": 0.9,
         "num_workers": 2,
     },
@@ -66,15 +68,9 @@ STEP_KEYS = {
               "train.ttt_step_loss_decay", "train.seed"],
     "export": ["target", "export", "extract.layer_ids"],
 }
-# Extra keys per track (the patched track's hashes stay exactly as they were).
-TRACK_KEYS = {
-    "patched": {},
-    "current": {"extract": ["track", "current.hs_storage", "current.language_model_only"],
-                "train": ["track", "current.draft_attn_impl", "current.loss_implementation",
-                          "current.train_data_ratio"],
-                "export": ["track"]},
-}
+# Each track adds its own keys (its package's STEP_KEYS; the patched track's hashes are exactly these).
 HS_STORAGE = ("bf16", "fp8")
+EXTRACT_DTYPES = ("bfloat16", "float16", "float32")  # extract.dtype: what the hidden states are stored as
 
 
 def _merge(base, over, where):
@@ -114,8 +110,8 @@ def load(path):
     if not isinstance(cfg["dataset"]["heldout"], int) or cfg["dataset"]["heldout"] < 0:
         raise PipelineError(f"{path}: dataset.heldout is {cfg['dataset']['heldout']!r}; expected a whole number "
                             ">= 0 (conversations held out of training for evaluation).")
-    if cfg["track"] not in TRACK_KEYS:
-        raise PipelineError(f"{path}: track is {cfg['track']!r}; expected one of {sorted(TRACK_KEYS)} "
+    if cfg["track"] not in TRACKS:
+        raise PipelineError(f"{path}: track is {cfg['track']!r}; expected one of {sorted(TRACKS)} "
                             "(specdec_track in the inventory).")
     if cfg["current"]["hs_storage"] not in HS_STORAGE:
         raise PipelineError(f"{path}: current.hs_storage is {cfg['current']['hs_storage']!r}; expected one of "
@@ -147,8 +143,16 @@ def pick(cfg, dotted):
 
 
 def step_config(cfg, step):
-    keys = STEP_KEYS[step] + TRACK_KEYS[cfg.get("track", "patched")].get(step, [])
+    keys = STEP_KEYS[step] + TRACKS[cfg.get("track", DEFAULT_TRACK)].STEP_KEYS.get(step, [])
     return {k: pick(cfg, k) for k in keys}
+
+
+def extract_dtype(cfg):
+    """extract.dtype, checked: one of EXTRACT_DTYPES (the name the backends and the server take)."""
+    if cfg["extract"]["dtype"] not in EXTRACT_DTYPES:
+        raise PipelineError(f"extract.dtype {cfg['extract']['dtype']!r}: expected one of {sorted(EXTRACT_DTYPES)}; "
+                            "fix eagle3_pipeline_extract_dtype.")
+    return cfg["extract"]["dtype"]
 
 
 def run_path(cfg, *parts):

@@ -30,12 +30,3 @@ def text_config(cfg):
 def dtype_of(cfg):
     return getattr(text_config(cfg), "torch_dtype", None)
 
-
-def default_layer_ids(num_layers):
-    """speculators 0.3.0's default capture layers: three auxiliary layers and the last layer."""
-    return [2, num_layers // 2, num_layers - 3, num_layers - 1]
-
-
-def vllm_layer_ids(capture_ids):
-    """Capture (output of layer k) -> vLLM's eagle_aux_hidden_state_layer_ids (input of layer k+1)."""
-    return [int(k) + 1 for k in capture_ids]

@@ -16,7 +16,7 @@ def main(argv):
     import torch  # noqa: PLC0415
 
     if torch.accelerator.is_available():
-        print("current_train_cpu: an accelerator is present; run `python -m speculators.train` instead.",
+        print("train_cpu: an accelerator is present; run `python -m speculators.train` instead.",
               file=sys.stderr)
         return 2
     import speculators.train.distributed as dist_mod  # noqa: PLC0415

@@ -1,4 +1,4 @@
-"""Run a server that ends with its parent: python -m specdec_pipeline.backends.current_launch CMD [ARG ...]
+"""Run a server that ends with its parent: python -m specdec_pipeline.tracks.current.backends.launch CMD [ARG ...]
 
 The extraction server is started through this launcher so that a pipeline killed with SIGKILL (no clean-up code
 runs) leaves nothing holding GPUs and memory. The launcher asks the kernel for SIGTERM when the pipeline process
@@ -20,7 +20,7 @@ GRACE_S = 20
 
 def main(argv):
     if not argv:
-        print("usage: python -m specdec_pipeline.backends.current_launch CMD [ARG ...]", file=sys.stderr)
+        print("usage: python -m specdec_pipeline.tracks.current.backends.launch CMD [ARG ...]", file=sys.stderr)
         return 2
     parent = os.getppid()
     child = subprocess.Popen(argv)

@@ -26,7 +26,7 @@ from specdec_pipeline.fsutil import (
     swap_in,
 )
 from specdec_pipeline.progress import log
-from specdec_pipeline.target import text_config
+from specdec_pipeline.draft import checkpoint_bytes as space_needed
 
 
 def device_plan(cfg):
@@ -42,23 +42,6 @@ def device_plan(cfg):
         raise StopAfter("train: no GPU on this host and train.cpu_training is off - the run stops after vocab; "
                         "train on a GPU host (eagle3_pipeline_train_device: cuda).")
     return "cpu", 1
-
-
-def space_needed(cfg, epochs=None):
-    """About the bytes speculators' checkpointer writes, kept for every epoch: the draft's weights in bf16
-    (the frozen embedding included) and Adam's two bf16 moments of every trained parameter; margin 1.2."""
-    tc = text_config(cfg)
-    h, v, i = int(tc.hidden_size), int(tc.vocab_size), int(tc.intermediate_size)
-    heads = int(tc.num_attention_heads)
-    kv = int(getattr(tc, "num_key_value_heads", None) or heads)
-    hd = h // heads
-    d = min(int(cfg["vocab"]["draft_vocab_size"]), v)
-    n_aux = max(len(cfg["extract"]["layer_ids"] or [0, 0, 0, 0]) - 1, 1)
-    layer = 2 * h * (heads + 2 * kv) * hd + heads * hd * h + 3 * h * i + 3 * h
-    trained = d * h + n_aux * h * h + int(cfg["train"]["num_layers"]) * layer + h
-    per_epoch = 2 * (v * h + trained) + 4 * trained + (64 << 10)
-    epochs = int(cfg["train"]["epochs"]) if epochs is None else epochs
-    return int(per_epoch * epochs * 1.2)
 
 
 def _run_trainer(cmd, env):
@@ -95,10 +78,10 @@ def run(cfg):
                 + (f"; the finished training in {final} is kept until the new one is complete" if out != final else ""),
                 reclaim=dir_size(out) if discard else 0)
     open_step_dir("train", out, discard, identity, "identity.json")
-    cmd = [sys.executable, "-m", "specdec_pipeline.train_worker", cfg["_path"], device, str(out)]
+    cmd = [sys.executable, "-m", "specdec_pipeline.tracks.patched.train_worker", cfg["_path"], device, str(out)]
     if device == "cuda":  # torchrun even for one GPU: the same FSDP + bf16 mixed-precision path as 8 GPUs
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "specdec_pipeline.train_worker", cfg["_path"], device, str(out)]
+               "-m", "specdec_pipeline.tracks.patched.train_worker", cfg["_path"], device, str(out)]
     env = dict(os.environ, **remote_code.switch_env(cfg))  # offline; the switch for the patched speculators
     if device == "cpu":
         env.setdefault("TORCH_COMPILE_DISABLE", "1")  # the draft's torch.compile only speeds up GPUs

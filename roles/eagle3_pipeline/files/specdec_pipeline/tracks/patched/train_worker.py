@@ -1,7 +1,7 @@
 """Training process (one per GPU under torchrun, or one on the CPU): builds speculators' Eagle3DraftModel
 from the target's config, d2t/t2d and the extracted files, and runs speculators' Trainer.
 
-Usage: python -m specdec_pipeline.train_worker CONFIG.json cpu|cuda [OUT_DIR]
+Usage: python -m specdec_pipeline.tracks.patched.train_worker CONFIG.json cpu|cuda [OUT_DIR]
 
 Training files are read in sorted order and split with a seeded shuffle of our own, so the split (and the
 trained weights) never depend on the filesystem's directory order. A full disk ends the process with one
@@ -19,11 +19,12 @@ from pathlib import Path
 import torch
 
 from specdec_pipeline import config as config_mod
-from specdec_pipeline import cpu_attention, fsdp_init, remote_code, vocab
+from specdec_pipeline import remote_code, vocab
 from specdec_pipeline.config import run_path
 from specdec_pipeline.fsutil import disk_full_error, is_disk_full, read_json, write_json
 from specdec_pipeline.progress import setup_logging
-from specdec_pipeline.target import target_config, text_config, vllm_layer_ids
+from specdec_pipeline.target import target_config, text_config
+from specdec_pipeline.tracks.patched import cpu_attention, fsdp_init, vllm_layer_ids
 
 
 class MetricsFile(logging.Handler):

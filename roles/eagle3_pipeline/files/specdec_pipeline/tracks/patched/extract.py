@@ -19,7 +19,7 @@ import time
 import torch
 
 from specdec_pipeline import manifest, remote_code
-from specdec_pipeline.config import run_path, step_config
+from specdec_pipeline.config import extract_dtype, run_path, step_config
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.fsutil import (
     atomic_path,
@@ -36,19 +36,10 @@ from specdec_pipeline.fsutil import (
 )
 from specdec_pipeline.prepare import load_samples
 from specdec_pipeline.progress import Progress, log
-from specdec_pipeline.target import default_layer_ids, text_config
+from specdec_pipeline.target import text_config
+from specdec_pipeline.tracks.patched import extract_bytes_per_token, layer_ids
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-def layer_ids(cfg):
-    tc = text_config(cfg)
-    ids = cfg["extract"]["layer_ids"] or default_layer_ids(tc.num_hidden_layers)
-    bad = [k for k in ids if not 0 <= int(k) < tc.num_hidden_layers]
-    if bad or len(ids) < 2:
-        raise PipelineError(f"extract.layer_ids {ids}: expected at least 2 layer indices in 0..{tc.num_hidden_layers - 1} "
-                            f"for {cfg['target']['path']} ({tc.num_hidden_layers} layers); fix the profile.")
-    return [int(k) for k in ids]
 
 
 def validate_sample(path, expect_ids, expect_mask, n_layers, hidden, dtype):
@@ -89,8 +80,8 @@ def disk_preflight(cfg, out_dir, n_tokens, n_layers, hidden, dtype, detail="", f
 def space_needed(cfg):
     """Bytes the whole extraction needs (for the disk-full message)."""
     tokens = sum(len(s["input_ids"]) for s in load_samples(cfg))
-    return int(bytes_needed(tokens, len(layer_ids(cfg)), text_config(cfg).hidden_size,
-                            DTYPES[cfg["extract"]["dtype"]]) * max(float(cfg["extract"]["disk_margin"]), 1.0))
+    per_token = extract_bytes_per_token(cfg, len(layer_ids(cfg)), int(text_config(cfg).hidden_size))
+    return int(tokens * per_token * max(float(cfg["extract"]["disk_margin"]), 1.0))
 
 
 def read_finished(path, repair=False):
@@ -153,20 +144,17 @@ def _append_finished(path, rec):
 
 def _backend_class(cfg):
     if cfg["extract"]["backend"] == "vllm":
-        from specdec_pipeline.backends.vllm_backend import VllmBackend  # noqa: PLC0415
+        from specdec_pipeline.tracks.patched.backends.vllm_backend import VllmBackend  # noqa: PLC0415
 
         return VllmBackend
-    from specdec_pipeline.backends.hf_backend import HfBackend  # noqa: PLC0415
+    from specdec_pipeline.tracks.patched.backends.hf_backend import HfBackend  # noqa: PLC0415
 
     return HfBackend
 
 
 def storage_dtype(cfg):
     """extract.dtype as a torch dtype; an unknown name is one PipelineError."""
-    if cfg["extract"]["dtype"] not in DTYPES:
-        raise PipelineError(f"extract.dtype {cfg['extract']['dtype']!r}: expected one of {sorted(DTYPES)}; "
-                            "fix eagle3_pipeline_extract_dtype.")
-    return DTYPES[cfg["extract"]["dtype"]]
+    return DTYPES[extract_dtype(cfg)]
 
 
 def check(cfg):

@@ -34,7 +34,7 @@ def kv_transfer_config(device, storage, staging_dir):
     extra = {"shared_storage_path": str(staging_dir)}
     if device == "cpu":
         return {"kv_connector": "CpuHiddenStatesConnector", "kv_role": "kv_producer",
-                "kv_connector_module_path": "specdec_pipeline.backends.current_cpu_connector",
+                "kv_connector_module_path": "specdec_pipeline.tracks.current.backends.cpu_connector",
                 "kv_connector_extra_config": dict(extra, specdec_storage=storage)}
     if storage == "fp8":
         return {"kv_connector": "FP8HiddenStatesConnector", "kv_role": "kv_producer",
@@ -48,7 +48,7 @@ def server_argv(cfg, layer_ids, staging_dir, port):
     cur, ext = cfg["current"], cfg["extract"]
     spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}}}
-    argv = [sys.executable, "-m", "specdec_pipeline.backends.current_launch",
+    argv = [sys.executable, "-m", "specdec_pipeline.tracks.current.backends.launch",
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", cfg["target"]["path"], "--served-model-name", MODEL_NAME,
             "--host", "127.0.0.1", "--port", str(port),

@@ -1,0 +1,13 @@
+"""The shared steps, for the tracks' STEPS tables: each function returns the step's module (imported then)."""
+
+
+def prepare():
+    from specdec_pipeline import prepare as module  # noqa: PLC0415 - imported by the step that runs it
+
+    return module
+
+
+def vocab():
+    from specdec_pipeline import vocab as module  # noqa: PLC0415
+
+    return module

@@ -1,0 +1,219 @@
+"""Step 4 on the current track - train: `speculators train` (its own trainer, resume and checkpoints)."""
+
+import re
+import subprocess
+import sys
+import time
+
+from specdec_pipeline.config import run_path
+from specdec_pipeline.errors import PipelineError, exit_text
+from specdec_pipeline.fsutil import check_space, dir_size, open_step_dir, read_json, swap_in
+from specdec_pipeline.progress import Progress, log
+from specdec_pipeline.draft import checkpoint_bytes as space_needed
+from specdec_pipeline.target import text_config
+from specdec_pipeline.tracks.current.common import _inputs_settled, _step_dir, _write_manifest, stack_versions
+
+CHECKPOINT_FILES = ("config.json", "model.safetensors")
+
+
+ATTN_IMPLS = ("simple_flex_attention", "sdpa", "eager")  # speculators 0.9's --draft-attn-impl choices
+
+
+def attention_impl(cfg):
+    chosen = cfg["current"]["draft_attn_impl"]
+    if chosen != "auto":
+        return chosen
+    tc = text_config(cfg)
+    head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+    # FlexAttention's backward fails for head_dim > 128 on some GPUs (SM120) and needs a GPU at all.
+    return "sdpa" if cfg["current"]["device"] == "cpu" or head_dim > 128 else "simple_flex_attention"
+
+
+# `speculators train --loss-implementation` proven on a GPU, per stack: (speculators, torch release) ->
+# (implementation, the run that proved it; docs/gpu-proof.md). `auto` on a CUDA stack not listed takes
+# UNPROVEN_LOSS_IMPL: fused (Triton kernels under torch.compile) failed on the one stack tried, eager trained there.
+PROVEN_LOSS_IMPL = {
+    ("0.9.0", "2.11.0"): ("eager", "H200 cc 9.0, vLLM 0.26.0, 2026-12-03: fused fails in the first step "
+                                   "(torch.compile: ListVariable already tracked for mutation), eager trained"),
+}
+UNPROVEN_LOSS_IMPL = "eager"
+LOSS_IMPLS = ("fused", "eager")
+
+
+def _release(version):
+    return (version or "none").split("+", 1)[0]
+
+
+def loss_decision(cfg, stack=None):
+    """(implementation, why) for `speculators train --loss-implementation`; STACK: stack_versions() by default."""
+    chosen = cfg["current"]["loss_implementation"]
+    if chosen != "auto":
+        return chosen, "set by eagle3_pipeline_loss_implementation"
+    if cfg["current"]["device"] == "cpu":
+        return "eager", "auto: the CPU (fused needs Triton on a GPU)"
+    stack = stack_versions() if stack is None else stack
+    key = (_release(stack.get("speculators")), _release(stack.get("torch")))
+    if key in PROVEN_LOSS_IMPL:
+        impl, proof = PROVEN_LOSS_IMPL[key]
+        return impl, f"auto: proven on speculators {key[0]} + torch {key[1]} ({proof})"
+    return UNPROVEN_LOSS_IMPL, (f"auto: nothing proven on speculators {key[0]} + torch {key[1]}; "
+                                f"{UNPROVEN_LOSS_IMPL}, the fallback for unproven CUDA stacks")
+
+
+def loss_impl(cfg):
+    return loss_decision(cfg)[0]
+
+
+def train_argv(cfg, save_dir):
+    tr, ext = cfg["train"], run_path(cfg, "extract")
+    ids = read_json(ext / "data_config.json")["layer_ids"]
+    args = ["--verifier-name-or-path", cfg["target"]["path"],
+            "--speculator-type", "eagle3",
+            "--data-path", str(ext / "dataset"),
+            "--hidden-states-path", str(ext / "hidden_states"),
+            "--hidden-states-backend", "fp8" if cfg["current"]["hs_storage"] == "fp8" else "file",
+            "--on-missing", "raise",
+            "--target-layer-ids", *[str(k) for k in ids[:-1]],
+            "--d2t-path", str(run_path(cfg, "vocab", "d2t.npy")),
+            "--t2d-path", str(run_path(cfg, "vocab", "t2d.npy")),
+            "--draft-vocab-size", str(cfg["vocab"]["draft_vocab_size"]),
+            "--num-layers", str(tr["num_layers"]),
+            "--epochs", str(tr["epochs"]),
+            "--lr", str(tr["lr"]),
+            "--total-seq-len", str(tr["total_seq_len"]),
+            "--ttt-steps", str(tr["ttt_steps"]),
+            "--ttt-step-loss-decay", str(tr["ttt_step_loss_decay"]),
+            "--train-data-ratio", str(cfg["current"]["train_data_ratio"]),
+            "--num-workers", str(cfg["current"]["num_workers"]),
+            "--draft-attn-impl", attention_impl(cfg),
+            "--loss-implementation", loss_impl(cfg),
+            "--seed", str(tr["seed"]),
+            "--save-path", str(save_dir),
+            "--log-dir", str(run_path(cfg, "logs", "speculators")),
+            "--run-name", "specdec"]
+    if cfg["target"]["trust_remote_code"]:
+        args.append("--trust-remote-code")
+    if cfg["current"]["device"] == "cpu":
+        return [sys.executable, "-m", "specdec_pipeline.tracks.current.backends.train_cpu", *args]
+    nproc = int(tr["nproc"])
+    if nproc > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                "-m", "speculators.train", *args]
+    return [sys.executable, "-m", "speculators.train", *args]
+
+
+def epochs_done(save_dir):
+    return sorted(int(p.name) for p in save_dir.iterdir()
+                  if p.is_dir() and not p.is_symlink() and p.name.isdigit()) if save_dir.exists() else []
+
+
+_RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:\s?")
+_ERROR_LINE = re.compile(r"^((?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception)\b.*)$")
+
+
+def train_failure(returncode, text, log_path, impl, why):
+    """One line for a failed `speculators train`; TEXT is what this run wrote to LOG_PATH.
+
+    A run that started training but logged no step (speculators logs `global_step=` after each) failed in its
+    first step - where the loss implementation's compilation happens - so the line names the option.
+    """
+    lines = [_RANK_PREFIX.sub("", ln).strip() for ln in text.splitlines()]
+    lines = [ln for ln in lines if ln]
+    errors = [m.group(1) for ln in lines if (m := _ERROR_LINE.match(ln))]
+    cause = (errors or lines or ["(the log is empty)"])[-1][:300]
+    status = exit_text(returncode)
+    if re.search(r"Training epoch \d+/\d+ started", text) and "global_step=" not in text:
+        fix = ("set eagle3_pipeline_loss_implementation: eager and re-run" if impl == "fused" else
+               "the loss implementation is eager already: see the log (eagle3_pipeline_draft_attn_impl: sdpa "
+               "avoids FlexAttention's compilation)")
+        return (f"train: `speculators train` {status} in its first training step with --loss-implementation {impl} "
+                f"({why}): {cause}; its log is {log_path}; {fix}.")
+    return f"train: `speculators train` {status}: {cause}; its log is {log_path}."
+
+
+def _train_settings(cfg):
+    for key, choices in (("draft_attn_impl", ATTN_IMPLS), ("loss_implementation", LOSS_IMPLS)):
+        value = cfg["current"][key]
+        if value != "auto" and value not in choices:
+            raise PipelineError(f"current.{key} is {value!r}: expected auto or one of {list(choices)} (what "
+                                f"`speculators train` takes); fix eagle3_pipeline_{key}.")
+
+
+def _train_plan(cfg):
+    """What the train step decides before it writes, reading only: the settings checked, where it trains, and
+    that the remaining epochs' checkpoints fit on the disk."""
+    _train_settings(cfg)
+    final = run_path(cfg, "train")
+    out, discard, identity = _step_dir(cfg, "train")
+    save_dir = out / "checkpoints"
+    remaining = max(int(cfg["train"]["epochs"]) - (0 if discard else len(epochs_done(save_dir))), 0)
+    check_space("train", save_dir, space_needed(cfg, remaining),
+                f"{remaining} epoch checkpoints of the draft with optimizer state"
+                + (f"; the finished training in {final} is kept until the new one is complete" if out != final else ""),
+                reclaim=dir_size(out) if discard else 0)
+    return final, out, discard, identity
+
+
+def check(cfg):
+    """The train settings, checked before the run writes anything; the disk space too when the extraction and
+    vocab it would read are settled."""
+    if _inputs_settled(cfg, "train"):
+        _train_plan(cfg)
+    else:
+        _train_settings(cfg)
+
+
+def run(cfg):
+    started = time.time()
+    final, out, discard, identity = _train_plan(cfg)  # before anything in the run directory is touched
+    if out != final:
+        log.info("train: config or inputs changed - training in %s; %s is kept until the new training is complete",
+                 out, final)
+    open_step_dir("train", out, discard, identity)
+    save_dir = out / "checkpoints"
+    argv = train_argv(cfg, save_dir)
+    impl, why = loss_decision(cfg)
+    log_path = run_path(cfg, "logs", "train.log")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_start = log_path.stat().st_size if log_path.exists() else 0  # this run's part of the appended log
+    epochs = int(cfg["train"]["epochs"])
+    prog = Progress(run_path(cfg, "progress.json"), "train", epochs, unit="epochs")
+    prog.resume_from(len(epochs_done(save_dir)))
+    log.info("train: loss implementation %s (%s)", impl, why)
+    log.info("train: %s (log %s)", " ".join(argv), log_path)
+    with open(log_path, "ab") as logf:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT)
+        try:
+            seen = -1
+            while proc.poll() is None:
+                time.sleep(2)
+                done = len(epochs_done(save_dir))
+                if done != seen:  # one progress line per finished epoch
+                    prog.update(done, force=True)
+                    seen = done
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    if proc.returncode != 0:
+        with open(log_path, "rb") as f:
+            f.seek(log_start)
+            text = f.read().decode(errors="replace")
+        raise PipelineError(train_failure(proc.returncode, text, log_path, impl, why))
+    done = epochs_done(save_dir)
+    if not done:
+        raise PipelineError(f"train: `speculators train` finished but wrote no checkpoint under {save_dir}; see {log_path}.")
+    last = save_dir / str(done[-1])
+    missing = [f for f in CHECKPOINT_FILES if not (last / f).exists()]
+    if missing:
+        raise PipelineError(f"train: checkpoint {last} lacks {missing}; see {log_path}.")
+    prog.finish(f"{len(done)} epochs")
+    if out != final:
+        log.info("train: the new training is complete - replacing %s", final)
+        swap_in(out, final)
+        last = final / "checkpoints" / str(done[-1])
+    counts = {"epochs": len(done), "last_epoch": done[-1], "draft_attn_impl": attention_impl(cfg),
+              "loss_implementation": impl, "loss_implementation_why": why, "trainer": "speculators train"}
+    return _write_manifest(cfg, "train", [last / f for f in CHECKPOINT_FILES], counts, started)
+
+
