@@ -141,7 +141,9 @@ def ensure(spec):
     req_file = venv / "specdec-requires.txt"
     req_file.write_text("\n".join(reqs) + "\n")
     pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    subprocess.run(pip + ["-r", str(req_file), "pytest"] + [a for p in REQS for a in ("-r", str(p))], check=True)
+    subprocess.run(pip + ["-r", str(req_file), "pytest", "-r", str(REQS[0])], check=True)
+    # The hash-checked file in a pip call of its own, as the eagle3_pipeline role installs it.
+    subprocess.run(pip + ["--require-hashes", "-r", str(REQS[1])], check=True)
     subprocess.run(pip + ["--no-deps", str(wheel)], check=True)
     subprocess.run([str(python), "-c", "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', "
                     "torch.__version__, 'transformers', transformers.__version__)"], check=True)

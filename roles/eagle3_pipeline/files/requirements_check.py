@@ -1,14 +1,16 @@
-"""Exit 0 when every `name==version` line of the requirements text (argv[1]) is installed at that version.
+"""Exit 0 when every `name==version` requirement of the requirements text (argv[1]) is installed at that version.
 
-Reads installed distribution metadata only (nothing is imported); prints what is missing or different.
+A requirement may continue over several lines (a trailing backslash) and carry `--hash=` options, as in a
+hash-checking requirements file; the hashes are pip's to check at install time, not here. Reads installed
+distribution metadata only (nothing is imported); prints what is missing or different.
 """
 import importlib.metadata as md
 import re
 import sys
 
 wrong = []
-for line in sys.argv[1].splitlines():
-    line = line.split("#", 1)[0].strip()
+for line in re.sub(r"\\\n", " ", sys.argv[1]).splitlines():
+    line = re.sub(r"\s--hash[= ]\S+", "", " " + line.split("#", 1)[0]).strip()
     m = re.match(r"^([A-Za-z0-9._-]+)\s*==\s*([^\s;]+)$", line)
     if not line:
         continue
