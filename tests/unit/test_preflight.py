@@ -5,23 +5,31 @@ overrides; the host is reached through a local connection so no SSH is needed.
 """
 
 import json
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 
 import playbook_json
 import pytest
-LOCAL = {"ansible_host": "localhost", "ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+# The interpreters the venvs are built from: this machine's (preflight refuses a python3.12 that does not run).
+LOCAL = {"ansible_host": "localhost", "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+         "ml_venv_python": sys.executable, "eagle3_evaluate_python": sys.executable}
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     """A directory shaped like the Kimi-K2.5 checkpoint as far as preflight looks: nested text_config,
-    tokenizer and weight files (empty: preflight lists them, it never loads them)."""
-    d = tmp_path_factory.mktemp("kimi")
+    tokenizer and weight files (empty: preflight lists them, it never loads them). Outside pytest's 0700 base
+    directory: the pipeline user must be able to reach it."""
+    d = Path(tempfile.mkdtemp(prefix="specdec-preflight-", dir="/tmp"))
+    d.chmod(0o755)
     (d / "config.json").write_text(json.dumps({"model_type": "kimi_k25", "text_config": {
         "num_hidden_layers": 61, "hidden_size": 7168}}))
     for name in ("tokenizer_config.json", "tiktoken.model", "model-00001-of-00064.safetensors"):
         (d / name).write_text("")
-    return d
+    yield d
+    shutil.rmtree(d)
 
 
 @pytest.fixture(autouse=True)
@@ -105,12 +113,15 @@ def test_a_bad_pipeline_setting_fails_with_one_line(extra, expected):
     assert "\n" not in failures[0].strip()
 
 
-def test_a_target_without_tokenizer_and_weights_is_refused(tmp_path):
+def test_a_target_without_tokenizer_and_weights_is_refused():
+    tmp_path = Path(tempfile.mkdtemp(prefix="specdec-preflight-", dir="/tmp"))  # a path the pipeline user can reach
+    tmp_path.chmod(0o755)
     (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 61, "hidden_size": 64}))
     rc, failures = preflight(**dict(LOCAL, eagle3_pipeline_target_path=str(tmp_path)))
     assert rc != 0
     assert failures == [f"kimi-k25: eagle3_pipeline_target_path is '{tmp_path}'; expected config.json, a tokenizer "
                         "and weights (*.safetensors or *.bin) in it; missing: a tokenizer, weights."], failures
+    shutil.rmtree(tmp_path)
 
 
 def test_layer_ids_given_as_key_value_text_get_one_line():
