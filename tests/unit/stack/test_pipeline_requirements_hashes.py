@@ -40,7 +40,7 @@ def requirements(text):
 
 def test_every_requirement_is_pinned_with_hashes():
     reqs = requirements(REQS.read_text())
-    names = [n.lower() for n, _, _ in reqs]
+    names = [req[0].lower() for req in reqs]
     assert {"sentencepiece", "protobuf", "matplotlib"} <= set(names)
     assert len(names) == len(set(names)), f"{REQS.name}: a package is listed twice"
     assert not set(names) & set(FROM_STACK), f"{REQS.name} pins what the stack provides: {set(names) & set(FROM_STACK)}"
@@ -76,15 +76,16 @@ def test_the_installed_check_reads_hashed_requirements(tmp_path):
     """requirements_check.py (the role's "already installed?" test) sees each pin, not the hash lines."""
     empty = tmp_path / "empty"
     venv.create(empty, with_pip=False)
-    run = subprocess.run([str(empty / "bin" / "python"), str(CHECK), REQS.read_text()], capture_output=True, text=True)
+    run = subprocess.run([str(empty / "bin" / "python"), str(CHECK), REQS.read_text()],
+                         capture_output=True, text=True, check=False)
     assert run.returncode == 1
-    want = "; ".join(f"{n} missing (want {v})" for n, v, _ in requirements(REQS.read_text()))
+    want = "; ".join(f"{req[0]} missing (want {req[1]})" for req in requirements(REQS.read_text()))
     assert run.stdout.strip() == want
 
 
 def _pip(python, *args):
     return subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -102,9 +103,9 @@ def stack_venv(tmp_path_factory):
 def test_a_real_hash_checked_install_is_complete(stack_venv):
     run = _pip(stack_venv, "--require-hashes", "-r", str(REQS))
     assert run.returncode == 0, run.stderr
-    check = subprocess.run([str(stack_venv), "-m", "pip", "check"], capture_output=True, text=True)
+    check = subprocess.run([str(stack_venv), "-m", "pip", "check"], capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stdout
-    ok = subprocess.run([str(stack_venv), str(CHECK), REQS.read_text()], capture_output=True, text=True)
+    ok = subprocess.run([str(stack_venv), str(CHECK), REQS.read_text()], capture_output=True, text=True, check=False)
     assert (ok.returncode, ok.stdout.strip()) == (0, "ok")
     subprocess.run([str(stack_venv), "-c", "import matplotlib.pyplot, sentencepiece, google.protobuf"], check=True)
 
@@ -117,7 +118,8 @@ def test_a_package_not_listed_is_refused_before_anything_is_installed(tmp_path):
         pytest.skip("no package index reachable for the real install")
     run = _pip(python, "--require-hashes", "-r", str(REQS))
     assert run.returncode != 0 and "pillow" in run.stderr and "--require-hashes" in run.stderr, run.stderr
-    listed = subprocess.run([str(python), "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True)
+    listed = subprocess.run([str(python), "-m", "pip", "list", "--format=freeze"],
+                            capture_output=True, text=True, check=False)
     assert not re.search(r"(?im)^(matplotlib|sentencepiece|protobuf)==", listed.stdout), listed.stdout
 
 
