@@ -79,7 +79,8 @@ def test_kimi_nightly_pin_builds_the_per_commit_index_command(tmp_path):
     assert pin["torch_backend"] == "cu129"
     assert pin["version"] == "0.16.0rc2.dev344+gea5f903f8"
     assert req == "vllm==0.16.0rc2.dev344+gea5f903f8"
-    assert argv == ["/opt/uv/bin/uv", "pip", "install", "--python", "/root/ml-env/bin/python",
+    # The venv is the shared default (roles/specdec: <specdec_prefix>/ml-env); the role keeps no fallback of its own.
+    assert argv == ["/opt/uv/bin/uv", "pip", "install", "--python", "/opt/specdec/ml-env/bin/python",
                     "--reinstall-package", "vllm", "--torch-backend=cu129",
                     "--extra-index-url=https://wheels.vllm.ai/ea5f903f80fec5afd4960a3846b8a84b0e53ca6e/cu129/",
                     "-r", "/tmp/req.txt"]
