@@ -195,6 +195,13 @@ def check_file(path, input_ids, n_layers, hidden, storage):
         raise ValueError(f"{path}: hidden_states stored as {data['stored_dtype']}, expected {want} ({storage})")
     if not torch.isfinite(data["hidden_states"]).all():
         raise ValueError(f"{path}: hidden_states hold NaN or Inf")
+    # A forward pass never leaves a captured row exactly zero; all-zero rows are a capture that wrote nothing (an
+    # extraction that trains a draft to nothing: speculators #613, vLLM #46301).
+    zero = data["hidden_states"].float().norm(dim=-1) == 0  # [tokens, captured layers]
+    if zero.any():
+        cols = sorted({int(c) for c in zero.nonzero()[:, 1]})
+        raise ValueError(f"{path}: hidden_states all zero in {int(zero.any(dim=1).sum())} of {zero.shape[0]} tokens "
+                         f"(captured layer positions {cols})")
 
 
 def extract_all(base_url, todo, concurrency, timeout, staging_dir, api_key=""):
