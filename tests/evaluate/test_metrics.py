@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec_pipeline import evaluate, metrics
+from specdec_pipeline import metrics, report_evaluate
 from specdec_pipeline.errors import PipelineError
 
 DATA = Path(__file__).parent / "data"
@@ -61,7 +61,7 @@ def test_malformed_text_is_one_clear_line():
 
 
 def test_svg_plot_without_matplotlib_is_valid_svg():
-    svg = evaluate._svg({"trained": [0.5, 0.25, 0.1], "control": [0.0, 0.0, 0.0]})
+    svg = report_evaluate._svg({"trained": [0.5, 0.25, 0.1], "control": [0.0, 0.0, 0.0]})
     root = ET.fromstring(svg)
     assert root.tag.endswith("svg")
     assert sum(1 for e in root.iter() if e.tag.endswith("rect")) == 6 + 2

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from test_serve import LITTLE, alive
 
-from specdec_pipeline import evaluate, metrics, serve
+from specdec_pipeline import evaluate, evaluate_measure, metrics, serve
 from specdec_pipeline.tracks.current.backends import server as current_server
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.serve import ServeError, VllmServer, free_port
@@ -187,7 +187,7 @@ def test_a_fake_metrics_does_not_pass_the_gate(tmp_path, shared_dir):
     thread = squat_when(started, shared_dir, port, box)
     try:
         with pytest.raises(PipelineError) as err:
-            result = evaluate.measure(cfg, "trained", tmp_path / "draft", prompts)
+            result = evaluate_measure.measure(cfg, "trained", tmp_path / "draft", prompts)
             print(f"today's code measured the squatter: {result}", file=sys.stderr)
         thread.join(20)
         msg = str(err.value)

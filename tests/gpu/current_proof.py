@@ -43,7 +43,7 @@ FILES = ROOT / "roles" / "eagle3_pipeline" / "files"
 sys.path.insert(0, str(FILES))
 sys.dont_write_bytecode = True
 
-from specdec_pipeline import evaluate, metrics  # noqa: E402 - the package the role ships
+from specdec_pipeline import evaluate, evaluate_measure, metrics  # noqa: E402 - the package the role ships
 from specdec_pipeline.serve import VllmServer, free_port  # noqa: E402
 
 OUT = Path(os.environ.get("CURRENT_PROOF_OUT", "gpu-proof-current")).resolve()
@@ -286,12 +286,8 @@ def phase_code_fp8() -> None:
     hf_compare(CODE_LM, run, CODE_IDS, "fp8")
 
 
-def _headers(srv) -> dict:
-    return srv.auth_headers() if hasattr(srv, "auth_headers") else {}
-
-
 def _timed(srv, cfg, prompt):
-    out = evaluate._request(srv, cfg, prompt)
+    out = evaluate_measure._request(srv, cfg, prompt)
     out["done_at"] = time.monotonic()
     return out
 
@@ -311,16 +307,16 @@ def sweep(ev_cfg: dict, variant: str, draft, prompts: list, prefill: list | None
     log_path = OUT / "logs" / f"serve-{variant}.log"
     env = {"HF_HUB_OFFLINE": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn", **ev_cfg["server_env"]}
     res: dict = {}
-    with VllmServer(evaluate.server_argv(ev_cfg, draft), host="127.0.0.1", port=port, env=env, log_path=log_path,
+    with VllmServer(evaluate_measure.server_argv(ev_cfg, draft), host="127.0.0.1", port=port, env=env, log_path=log_path,
                     ready_timeout_s=900, name=f"vLLM server ({variant})") as srv:
         res["server_startup_s"] = srv.startup_s
         for p in prompts[:2]:
-            evaluate._request(srv, ev_cfg, p)  # warm-up
+            evaluate_measure._request(srv, ev_cfg, p)  # warm-up
         for conc in CONCURRENCY:
             subset = prompts[: max(16, 2 * conc)]
-            before = metrics.spec_decode(evaluate._get_text(srv.url("/metrics"), **({"headers": _headers(srv)} if _headers(srv) else {})))
+            before = metrics.spec_decode(srv.metrics())
             batch = run_batch(srv, ev_cfg, subset, conc)
-            after = metrics.spec_decode(evaluate._get_text(srv.url("/metrics"), **({"headers": _headers(srv)} if _headers(srv) else {})))
+            after = metrics.spec_decode(srv.metrics())
             tokens = sum(d["tokens"] for d in batch["done"])
             row = {"requests": len(subset), "output_tokens": tokens, "seconds": round(batch["wall"], 3),
                    "output_tokens_per_s": round(tokens / batch["wall"], 1)}
@@ -365,7 +361,7 @@ def phase_eval_code() -> None:
     ev_cfg = {**evaluate.DEFAULTS, "run_dir": str(run), "target": str(CODE_LM), "python": sys.executable,
               "server_args": eval_server_args(1024), "server_env": {"VLLM_CPU_KVCACHE_SPACE": "2"} if DEVICE == "cpu" else {},
               "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True, "num_speculative_tokens": 3}
-    control = evaluate.build_control_draft(run / "export", OUT / "code-control-draft", 0)
+    control = evaluate_measure.build_control_draft(run / "export", OUT / "code-control-draft", 0)
     results = {}
     for variant, draft, pre in (("baseline", None, prefill), ("trained", run / "export", None), ("control", control, None)):
         if DEADLINE and elapsed() > DEADLINE:

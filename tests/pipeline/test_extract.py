@@ -16,7 +16,8 @@ from conftest import FILES, write_config
 from specdec_pipeline import config
 from specdec_pipeline.tracks.patched.backends.vllm_backend import check_plan, pack
 from specdec_pipeline.errors import PipelineError
-from specdec_pipeline.tracks.patched.extract import bytes_needed, disk_preflight, read_finished, validate_sample
+from specdec_pipeline.ledger import read as read_finished
+from specdec_pipeline.tracks.patched.extract import bytes_needed, disk_preflight, validate_sample
 
 
 def _lines(path):

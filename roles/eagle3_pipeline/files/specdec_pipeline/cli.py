@@ -1,7 +1,10 @@
-"""Command line: python -m specdec_pipeline CONFIG.json run [--until STEP] | status | plan | build-tiny DATASET OUT
+"""Command line: python -m specdec_pipeline CONFIG.json run [--until STEP] | status | plan | validate
+| build-tiny DATASET OUT
 
 `run` executes the steps in order, skipping each whose manifest matches; it prints one JSON line (the summary
 the Ansible role shows) and exits 0, 3 when it stopped on purpose (e.g. no training possible), 2 on bad input.
+`validate` reads only: every step's settings and the target checks (validate.py), one `ERROR: ` line per problem
+on stderr, a JSON line on stdout, exit 2 when there is a problem.
 """
 
 import argparse
@@ -10,7 +13,7 @@ import os
 import sys
 import traceback
 
-from specdec_pipeline import STEPS, config, manifest, remote_code, report, tracks
+from specdec_pipeline import STEPS, config, manifest, remote_code, report, tracks, validate
 from specdec_pipeline.errors import PipelineError, StopAfter
 from specdec_pipeline.fsutil import disk_full_error, is_disk_full, recover_swap, write_json
 from specdec_pipeline.progress import log, setup_logging
@@ -33,12 +36,8 @@ def run_step(cfg, step):
 def check_settings(cfg, until=None):
     """Every step's settings (up to UNTIL) and, where a step can tell from what is there, its disk space -
     checked before the run writes anything: reads only."""
-    for step in STEPS:
-        check = tracks.checker(cfg, step)
-        if check is not None:
-            check(cfg)
-        if step == until:
-            break
+    for check in tracks.checks(cfg, until):
+        check(cfg)
 
 
 def run(cfg, until=None):
@@ -92,7 +91,7 @@ def plan(cfg):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="specdec_pipeline")
     parser.add_argument("config", help="run configuration JSON (or the dataset for build-tiny)")
-    parser.add_argument("command", choices=["run", "status", "plan", "build-tiny"])
+    parser.add_argument("command", choices=["run", "status", "plan", "validate", "build-tiny"])
     parser.add_argument("--until", choices=STEPS)
     parser.add_argument("--out", help="build-tiny: output directory")
     parser.add_argument("--shape", default="", help="build-tiny: e.g. heads=2,kv_heads=1 (head size 32)")
@@ -109,6 +108,8 @@ def main(argv=None):
         if args.command == "plan":
             print(json.dumps(plan(cfg)))
             return 0
+        if args.command == "validate":
+            return validate.main(cfg, sys.stdout, sys.stderr)
         setup_logging(config.run_path(cfg, "logs", "pipeline.log"))
         if args.command == "status":
             print(json.dumps({s: manifest.is_current(cfg, s)[0] for s in STEPS}))

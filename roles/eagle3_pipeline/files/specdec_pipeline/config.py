@@ -86,15 +86,24 @@ def _merge(base, over, where):
     return out
 
 
-def load(path):
-    path = Path(path)
+def read_config_file(path, missing):
+    """The JSON object in PATH (a run or an evaluation configuration); one PipelineError naming the file when it
+    is absent (MISSING says what to do), not JSON or not an object."""
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise PipelineError(f"{path}: config file not found; render it with the eagle3_pipeline role "
-                            "or write one (see docs/pipeline.md).") from None
+        raise PipelineError(f"{path}: {missing}") from None
     except json.JSONDecodeError as exc:
         raise PipelineError(f"{path}: not valid JSON ({exc}); fix the file.") from None
+    if not isinstance(raw, dict):
+        raise PipelineError(f"{path}: expected a JSON object of settings, found {type(raw).__name__}; fix the file.")
+    return raw
+
+
+def load(path):
+    path = Path(path)
+    raw = read_config_file(path, "config file not found; render it with the eagle3_pipeline role or write one "
+                                 "(see docs/pipeline.md).")
     cfg = _merge(DEFAULTS, raw, str(path))
     for key in ("run_dir",):
         if not cfg[key]:
@@ -145,6 +154,12 @@ def pick(cfg, dotted):
 def step_config(cfg, step):
     keys = STEP_KEYS[step] + TRACKS[cfg.get("track", DEFAULT_TRACK)].STEP_KEYS.get(step, [])
     return {k: pick(cfg, k) for k in keys}
+
+
+def max_model_len(cfg, override=None):
+    """The context vLLM is started with for extraction: OVERRIDE when set, else seq_length + 1 (a sample of
+    exactly seq_length tokens stays whole; the one generated token fits beside it)."""
+    return int(override or int(cfg["seq_length"]) + 1)
 
 
 def extract_dtype(cfg):

@@ -4,12 +4,12 @@ A step is skipped when its manifest exists, its config hash and input digests ar
 its outputs are still there with the recorded size (and, below HASH_LIMIT, the recorded sha256).
 """
 
-import importlib.metadata
 import platform
 import time
 from pathlib import Path
 
 from specdec_pipeline import remote_code
+from specdec_pipeline import versions as installed
 from specdec_pipeline.config import run_path, step_config
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.fsutil import read_json, sha256_file, sha256_json, write_json
@@ -30,11 +30,10 @@ def manifest_path(cfg, step):
 
 def versions():
     out = {"python": platform.python_version()}
-    for dist in ("torch", "transformers", "speculators", "vllm", "datasets", "safetensors"):
-        try:
-            out[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            out[dist] = None
+    for dist in ("torch", "transformers", "speculators", "datasets", "safetensors"):
+        out[dist] = installed.version(dist)
+    found = installed.vllm()  # its CPU builds are other distributions of the same package
+    out["vllm_distribution"], out["vllm"] = found or (None, None)
     return out
 
 

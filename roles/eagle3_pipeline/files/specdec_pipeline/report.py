@@ -3,7 +3,7 @@
 import json
 import time
 
-from specdec_pipeline import STEPS
+from specdec_pipeline import STEPS, report_evaluate
 from specdec_pipeline.config import run_path
 from specdec_pipeline.fsutil import atomic_path, dir_size, read_json
 from specdec_pipeline.manifest import read as read_manifest
@@ -72,15 +72,7 @@ def write(cfg, stopped=""):
                      f"{mans['export']['counts']['eagle_aux_hidden_state_layer_ids']}).")
     lines.append("")
     lines += [f"![{title}]({name})" for name, title in made.items()]
-    lines += _evaluate_section(cfg)
+    lines += report_evaluate.block(cfg["run_dir"])
     with atomic_path(out / "report.md") as tmp:
         tmp.write_text("\n".join(lines) + "\n")
     return out / "report.md"
-
-
-def _evaluate_section(cfg):
-    """The evaluate stage's results (acceptance length, speed-up, plot), when it has run, between markers."""
-    from specdec_pipeline.evaluate import report_lines  # noqa: PLC0415
-
-    section = report_lines(cfg["run_dir"])
-    return ["", "<!-- evaluate -->", *section, "<!-- /evaluate -->"] if section else []

@@ -1,7 +1,16 @@
-"""Lifecycle of a local inference server (vLLM's OpenAI server, or any HTTP server) for one measurement.
+"""The local vLLM server, one home for everything about it: its arguments, API key, lifecycle, requests, free port
+and /metrics. Used by the current track's extraction and by the evaluate stage.
 
-    with VllmServer(argv, port=8321, log_path=run_dir / "logs" / "serve.log") as srv:
-        urllib.request.urlopen(urllib.request.Request(srv.url("/v1/models"), headers=srv.auth_headers()))
+    port = free_port()
+    argv = vllm_argv(sys.executable, model_dir, port) + ["--dtype", "bfloat16"]
+    with VllmServer(argv, port=port, log_path=run_dir / "logs" / "serve.log") as srv:
+        answer = srv.post("/v1/completions", {"model": SERVED_NAME, "prompt": [1, 2], "max_tokens": 1}, 60)
+        counters = srv.metrics()
+
+`vllm_argv` is the start of every server command line (vLLM's OpenAI server module - the same code as `vllm serve`,
+and it also runs from vLLM's CPU build, whose distribution name `vllm serve` cannot find - on 127.0.0.1, the
+model served under SERVED_NAME); the caller appends its own options. `post_json` / `get_text` are the requests
+(one HttpError / NoAnswer each, which the caller words for its stage).
 
 `start` checks that the port is free, starts ARGV in its own session (process group) with its output in LOG_PATH
 and a fresh random API key in its environment (VLLM_API_KEY: never on a command line, never in a file), and waits
@@ -18,6 +27,7 @@ runs in any venv. Linux only (/proc).
 
 import atexit
 import contextlib
+import json
 import os
 import secrets
 import signal
@@ -57,6 +67,63 @@ def free_port(host="127.0.0.1"):
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+SERVED_NAME = "specdec-target"  # the name the model is served under (requests name it)
+HOST = "127.0.0.1"
+
+
+def vllm_argv(python, model, port, *, served_name=SERVED_NAME, wrapper=()):
+    """The start of a vLLM server's command line: WRAPPER, PYTHON -m the OpenAI server, the model, its served name,
+    host 127.0.0.1 and PORT. The caller appends its options; OWNED_ARGS are never among them (owned_arg)."""
+    return [*map(str, wrapper), str(python), "-m", SERVER_MODULE, "--model", str(model), "--served-model-name",
+            served_name, "--host", HOST, "--port", str(port)]
+
+
+class HttpError(PipelineError):
+    """The server answered with an HTTP error: CODE and the start of its body (DETAIL)."""
+
+    def __init__(self, url, code, detail):
+        super().__init__(f"{url} answered {code}: {detail}")
+        self.url, self.code, self.detail = url, code, detail
+
+
+class NoAnswer(PipelineError):
+    """No answer from the server (refused, reset, timed out): REASON."""
+
+    def __init__(self, url, reason):
+        super().__init__(f"no answer from {url} ({reason})")
+        self.url, self.reason = url, reason
+
+
+def post_json(url, body, timeout, headers=None):
+    """POST BODY as JSON to URL; the decoded JSON answer. HttpError or NoAnswer otherwise."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - http on 127.0.0.1
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raise HttpError(url, exc.code, exc.read().decode(errors="replace")[:300]) from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise NoAnswer(url, exc) from None
+
+
+def get_text(url, timeout=30, headers=None):
+    """GET URL; the body as text. HttpError or NoAnswer otherwise."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as resp:  # noqa: S310
+            return resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        raise HttpError(url, exc.code, exc.read().decode(errors="replace")[:300]) from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise NoAnswer(url, exc) from None
+
+
+def bearer(api_key):
+    """The Authorization header for API_KEY (none when empty)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 # Server arguments the collection sets itself: where the server listens and its key. A user's value would expose
@@ -153,7 +220,15 @@ class VllmServer:
 
     def auth_headers(self):
         """The Authorization header our clients send (the server refuses /v1 requests without it)."""
-        return {"Authorization": f"Bearer {self.api_key}"}
+        return bearer(self.api_key)
+
+    def post(self, path, body, timeout):
+        """POST BODY to PATH of this server with its key (post_json)."""
+        return post_json(self.url(path), body, timeout, self.auth_headers())
+
+    def metrics(self, timeout=30):
+        """The server's Prometheus text (GET /metrics with its key)."""
+        return get_text(self.url("/metrics"), timeout, self.auth_headers())
 
     def start(self):
         if self.host != "127.0.0.1":

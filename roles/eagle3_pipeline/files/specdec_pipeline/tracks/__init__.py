@@ -15,6 +15,7 @@ Only the running track's step modules are imported (the functions in STEPS impor
 track: one package here and one entry in TRACKS (docs/tracks.md).
 """
 
+from specdec_pipeline import STEPS
 from specdec_pipeline.tracks import current, patched
 
 TRACKS = {"patched": patched, "current": current}
@@ -40,6 +41,18 @@ def runner(cfg, step):
 def checker(cfg, step):
     """The settings check of STEP on CFG's track, or None."""
     return getattr(step_module(cfg, step), "check", None)
+
+
+def checks(cfg, until=None):
+    """The settings checks of every step up to UNTIL (all when None) on CFG's track, in step order."""
+    out = []
+    for step in STEPS:
+        check = checker(cfg, step)
+        if check is not None:
+            out.append(check)
+        if step == until:
+            break
+    return out
 
 
 def space_needed(cfg, step):

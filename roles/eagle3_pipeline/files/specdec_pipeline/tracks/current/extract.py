@@ -7,6 +7,7 @@ place); files the server wrote for unfinished requests sit in extract/staging an
 import shutil
 import time
 
+from specdec_pipeline import ledger
 from specdec_pipeline.config import extract_dtype, run_path
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.fsutil import dir_size, open_step_dir, sha256_file, swap_in, write_json
@@ -17,10 +18,8 @@ from specdec_pipeline.target import text_config
 from specdec_pipeline.tracks.current import extract_bytes_per_token, layer_ids
 from specdec_pipeline.tracks.current.backends import server as current_server
 from specdec_pipeline.tracks.current.common import (
-    _append,
     _dataset_outputs,
     _inputs_settled,
-    _read_finished,
     _step_dir,
     _write_manifest,
     disk_preflight,
@@ -42,7 +41,7 @@ def _extract_plan(cfg):
     hidden = int(text_config(cfg).hidden_size)
     final = run_path(cfg, "extract")
     out_dir, discard, identity = _step_dir(cfg, "extract")
-    finished = {} if discard else _read_finished(out_dir / "finished.jsonl")
+    finished = {} if discard else ledger.read(out_dir / "finished.jsonl", extra=("index",))
     todo = [s for s in samples if s["id"] not in finished]
     kept = f"; the finished extraction in {final} is kept until the new one is complete" if out_dir != final else ""
     per_token = disk_preflight(cfg, out_dir, sum(len(s["input_ids"]) for s in todo), len(ids), hidden, kept,
@@ -77,6 +76,7 @@ def run(cfg):
     hs_dir.mkdir(exist_ok=True)
     for stale in hs_dir.glob(".*.tmp"):
         stale.unlink()
+    ledger.read(finished_path, repair=True)  # a torn last line of a killed run: the next append starts a line
 
     index = {s["id"]: i for i, s in enumerate(samples)}
     write_dataset(samples, out_dir / "dataset")
@@ -103,14 +103,14 @@ def run(cfg):
                     raise PipelineError(f"extract: the server's file for sample {sample['id']} is not valid ({exc}); "
                                         "see the server log.") from None
                 shutil.move(staged, dest)  # same filesystem: a rename
-                _append(finished_path, {"id": sample["id"], "index": i, "tokens": len(sample["input_ids"]),
+                ledger.append(finished_path, {"id": sample["id"], "index": i, "tokens": len(sample["input_ids"]),
                                         "size": dest.stat().st_size, "sha256": sha256_file(dest)})
                 finished[sample["id"]] = True
                 prog.update(len(finished), tokens=len(sample["input_ids"]))
     prog.finish(f"{len(finished)} samples")
     shutil.rmtree(staging, ignore_errors=True)
 
-    finished = _read_finished(finished_path)
+    finished = ledger.read(finished_path, extra=("index",))
     if set(finished) != set(index):
         raise PipelineError(f"extract: {finished_path} lists {len(finished)} samples, expected {len(index)}; "
                             "re-run the pipeline to resume.")

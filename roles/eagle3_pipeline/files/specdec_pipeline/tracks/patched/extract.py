@@ -12,17 +12,14 @@ the finished extraction: the new one is built in extract.new and swapped in when
 
 import hashlib
 import io
-import json
-import os
 import time
 
 import torch
 
-from specdec_pipeline import manifest, remote_code
+from specdec_pipeline import ledger, manifest, remote_code
 from specdec_pipeline.config import extract_dtype, run_path, step_config
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.fsutil import (
-    atomic_path,
     check_space,
     dir_size,
     open_step_dir,
@@ -84,32 +81,6 @@ def space_needed(cfg):
     return int(tokens * per_token * max(float(cfg["extract"]["disk_margin"]), 1.0))
 
 
-def read_finished(path, repair=False):
-    """Finished records by id from finished.jsonl (the last record of an id wins).
-
-    A torn last line (a kill during an append) is ignored; with REPAIR it is cut off the file, so the next
-    append starts on a line of its own.
-    """
-    done = {}
-    if not path.exists():
-        return done
-    raw = path.read_bytes()
-    keep = raw if raw.endswith(b"\n") or not raw else raw[: raw.rfind(b"\n") + 1]
-    if repair and keep != raw:
-        log.info("extract: cutting a torn last line (%d bytes) off %s", len(raw) - len(keep), path)
-        with open(path, "r+b") as f:
-            f.truncate(len(keep))
-            os.fsync(f.fileno())
-    for line in keep.splitlines():
-        try:
-            rec = json.loads(line)
-            done[int(rec["id"])] = {"id": int(rec["id"]), "tokens": int(rec["tokens"]), "size": int(rec["size"]),
-                                    "sha256": str(rec["sha256"])}
-        except (ValueError, KeyError, TypeError):
-            continue
-    return done
-
-
 def check_finished(out_dir, finished):
     """Ids in FINISHED whose sample file is missing, unreadable or not the file that was recorded."""
     bad = {}
@@ -124,22 +95,6 @@ def check_finished(out_dir, finished):
         except OSError as exc:
             bad[i] = f"unreadable ({exc.strerror or exc})"
     return bad
-
-
-def _rewrite_finished(path, finished):
-    with atomic_path(path) as tmp:
-        tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for dummy, r in sorted(finished.items())))
-
-
-def _append_finished(path, rec):
-    try:
-        with open(path, "a") as f:
-            f.write(json.dumps(rec, separators=(",", ":")) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as exc:
-        exc.filename = exc.filename or str(path)
-        raise
 
 
 def _backend_class(cfg):
@@ -190,7 +145,7 @@ def run(cfg):
         fix = (f"free space there, or remove {final} yourself to start over in its place, or lower "
                "eagle3_pipeline_max_samples")
     finished_path = out_dir / "finished.jsonl"
-    finished = {} if discard else read_finished(finished_path)
+    finished = {} if discard else ledger.read(finished_path)
     bad = check_finished(out_dir, finished)
     for i, why in bad.items():
         log.warning("extract: finished sample %s is redone: %s", out_dir / f"data_{i}.pt", why)
@@ -205,9 +160,9 @@ def run(cfg):
     for stale in out_dir.glob(".*.tmp"):
         log.info("extract: removing %s left by an interrupted run", stale.name)
         stale.unlink()
-    read_finished(finished_path, repair=True)
+    ledger.read(finished_path, repair=True)
     if bad:
-        _rewrite_finished(finished_path, finished)
+        ledger.rewrite(finished_path, finished)
     log.info("extract: %d samples, %d finished, %d to do; layers %s; backend %s", len(samples), len(finished),
              len(todo), ids, cfg["extract"]["backend"])
     prog = Progress(run_path(cfg, "progress.json"), "extract", len(samples))
@@ -222,7 +177,7 @@ def run(cfg):
                 prog.update(len(finished), tokens=len(sample["input_ids"]))
     prog.finish(f"{len(finished)} samples")
 
-    finished = read_finished(finished_path)
+    finished = ledger.read(finished_path)
     expected = {s["id"] for s in samples}
     if set(finished) != expected:
         raise PipelineError(f"extract: {finished_path} lists {len(finished)} samples, expected {len(expected)}; "
@@ -260,5 +215,5 @@ def _save(out_dir, finished_path, sample, hidden_states, n_layers, hidden, dtype
 
     blob = sample_bytes(data)
     write_bytes_atomic(dest, blob, validate=check)
-    _append_finished(finished_path, {"id": sample["id"], "tokens": len(sample["input_ids"]),
+    ledger.append(finished_path, {"id": sample["id"], "tokens": len(sample["input_ids"]),
                                      "size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()})

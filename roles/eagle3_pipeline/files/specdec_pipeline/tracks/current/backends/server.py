@@ -1,7 +1,6 @@
 """Server-side hidden-state extraction for the current track: vLLM's `extract_hidden_states` method.
 
-The server is vLLM's OpenAI-compatible server (`python -m vllm.entrypoints.openai.api_server`: the same code as
-`vllm serve`, and it also runs from vLLM's CPU build, whose distribution name `vllm serve` cannot find) with
+The server is vLLM's OpenAI-compatible server (serve.vllm_argv, started through launch.py) with
 `--speculative-config {"method": "extract_hidden_states", ...}` and a hidden-states KV connector. Each request is
 a completion with max_tokens 1 over the prepared token ids; the connector writes the prompt's hidden states
 [tokens, layers, hidden] and the token ids to one safetensors file and the response names it in
@@ -19,14 +18,13 @@ import json
 import os
 import stat
 import sys
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
-from specdec_pipeline import metrics
+from specdec_pipeline import config, metrics
 from specdec_pipeline.errors import PipelineError
+from specdec_pipeline.serve import SERVED_NAME, HttpError, NoAnswer, bearer, get_text, post_json, vllm_argv
 
-MODEL_NAME = "specdec-target"
+MODEL_NAME = SERVED_NAME
 SCALES_KEY = "hidden_states_scales"  # hs-connectors' FP8 layout: one float32 scale per token
 
 
@@ -48,17 +46,15 @@ def server_argv(cfg, layer_ids, staging_dir, port):
     cur, ext = cfg["current"], cfg["extract"]
     spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}}}
-    argv = [sys.executable, "-m", "specdec_pipeline.tracks.current.backends.launch",
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", cfg["target"]["path"], "--served-model-name", MODEL_NAME,
-            "--host", "127.0.0.1", "--port", str(port),
-            "--dtype", ext["dtype"],
-            "--max-model-len", str(cur["max_model_len"] or int(cfg["seq_length"]) + 1),
-            "--tensor-parallel-size", str(ext["tensor_parallel_size"]),
-            "--max-num-batched-tokens", str(ext["max_num_batched_tokens"]),
-            "--no-enable-prefix-caching",
-            "--speculative-config", json.dumps(spec),
-            "--kv-transfer-config", json.dumps(kv_transfer_config(cur["device"], cur["hs_storage"], staging_dir))]
+    argv = vllm_argv(sys.executable, cfg["target"]["path"], port,
+                     wrapper=[sys.executable, "-m", "specdec_pipeline.tracks.current.backends.launch"])
+    argv += ["--dtype", ext["dtype"],
+             "--max-model-len", str(config.max_model_len(cfg, cur["max_model_len"])),
+             "--tensor-parallel-size", str(ext["tensor_parallel_size"]),
+             "--max-num-batched-tokens", str(ext["max_num_batched_tokens"]),
+             "--no-enable-prefix-caching",
+             "--speculative-config", json.dumps(spec),
+             "--kv-transfer-config", json.dumps(kv_transfer_config(cur["device"], cur["hs_storage"], staging_dir))]
     if cur["device"] == "cuda":
         argv += ["--gpu-memory-utilization", str(ext["gpu_memory_utilization"])]
     if cfg["target"]["trust_remote_code"]:
@@ -79,20 +75,13 @@ def server_env(cfg):
 
 def request_hidden_states(base_url, input_ids, timeout, api_key=""):
     """One completion over INPUT_IDS; returns the path of the hidden-states file the server named."""
-    body = json.dumps({"model": MODEL_NAME, "prompt": list(input_ids), "max_tokens": 1,
-                       "return_token_ids": True}).encode()
-    headers = {"Content-Type": "application/json"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    req = urllib.request.Request(base_url + "/v1/completions", data=body, headers=headers)
+    body = {"model": MODEL_NAME, "prompt": list(input_ids), "max_tokens": 1, "return_token_ids": True}
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - local http
-            answer = json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace")[:300]
-        raise PipelineError(f"extract: the server refused a request ({exc.code}: {detail}); see the server log.") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise PipelineError(f"extract: no answer from the server at {base_url} ({exc}); see the server log.") from None
+        answer = post_json(base_url + "/v1/completions", body, timeout, bearer(api_key))
+    except HttpError as exc:
+        raise PipelineError(f"extract: the server refused a request ({exc.code}: {exc.detail}); see the server log.") from None
+    except NoAnswer as exc:
+        raise PipelineError(f"extract: no answer from the server at {base_url} ({exc.reason}); see the server log.") from None
     prompt_ids = (answer.get("choices") or [{}])[0].get("prompt_token_ids")
     if prompt_ids is not None and list(prompt_ids) != list(input_ids):
         raise PipelineError("extract: the server tokenized the request differently from the prepared sample "
@@ -157,13 +146,11 @@ def wait_written(path):
 
 def finished_requests(base_url, api_key=""):
     """The server's count of finished requests (vllm:request_success, all reasons) from GET /metrics."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    req = urllib.request.Request(base_url + "/metrics", headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310 - local http
-            text = resp.read().decode()
-    except (urllib.error.URLError, OSError) as exc:
-        raise PipelineError(f"extract: cannot read {base_url}/metrics ({exc}); see the server log.") from None
+        text = get_text(base_url + "/metrics", 30, bearer(api_key))
+    except (HttpError, NoAnswer) as exc:
+        reason = exc.reason if isinstance(exc, NoAnswer) else f"HTTP Error {exc.code}: {exc.detail}"
+        raise PipelineError(f"extract: cannot read {base_url}/metrics ({reason}); see the server log.") from None
     return metrics.finished_requests(text, "extract: the server")
 
 

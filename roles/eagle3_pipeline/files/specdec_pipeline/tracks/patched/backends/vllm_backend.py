@@ -4,7 +4,7 @@ Runs on vLLM's CUDA build (GPU) and on its CPU builds (no GPU; see README "vLLM 
 
 Three things the generator does not do for us:
 - Length: it cuts every prompt to max_model_len - 1 (room for the one token it samples), so it is built with
-  max_model_len = seq_length + 1; a sample of exactly seq_length tokens then stays whole.
+  config.max_model_len (seq_length + 1); a sample of exactly seq_length tokens then stays whole.
 - Batching: it concatenates the captured states of every scheduler step and slices them by prompt length in
   request order.  That is only right when every request is prefilled whole in one step, in order; a request
   split over steps (more tokens than the step budget, speculators issue #279) is aborted after its first
@@ -18,7 +18,7 @@ Three things the generator does not do for us:
 import contextlib
 import os
 
-from specdec_pipeline import remote_code
+from specdec_pipeline import config, remote_code
 from specdec_pipeline.errors import PipelineError
 
 DEFAULT_CPU_KVCACHE_GIB = 1
@@ -104,7 +104,7 @@ class VllmBackend:
                   if on_cpu else contextlib.nullcontext())
         with sizing:
             self.generator = gen.VllmHiddenStatesGenerator(
-                cfg["target"]["path"], layer_ids=layer_ids, max_model_len=int(cfg["seq_length"]) + 1,
+                cfg["target"]["path"], layer_ids=layer_ids, max_model_len=config.max_model_len(cfg),
                 gpu_memory_utilization=utilization, tensor_parallel_size=int(ex["tensor_parallel_size"]))
         sched = self.generator.vllm_config.scheduler_config
         self.token_budget = int(sched.max_num_batched_tokens)

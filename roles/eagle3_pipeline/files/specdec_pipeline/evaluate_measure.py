@@ -1,0 +1,139 @@
+"""The evaluate stage's measuring: one vLLM server per variant (serve.VllmServer), the same prompts, the counters.
+
+For a variant it starts vLLM's OpenAI server on 127.0.0.1 (a free port, a random API key, ready only when the
+listening socket is the server's own, timeout, always stopped), sends the prompts (greedy unless a temperature
+is set; a fixed number of output tokens), reads the spec-decode counters from /metrics before and after, and
+checks that the server's finished-request counter grew by exactly the number of prompts sent and that the
+server still owns its port. The control draft is the export's shape with random weights.
+"""
+
+import concurrent.futures
+import json
+import sys
+import time
+from pathlib import Path
+
+from specdec_pipeline import metrics, remote_code
+from specdec_pipeline.errors import PipelineError
+from specdec_pipeline.fsutil import atomic_path, read_json, sha256_file, sha256_json, write_json
+from specdec_pipeline.serve import SERVED_NAME, HttpError, NoAnswer, VllmServer, free_port, vllm_argv
+
+
+def server_argv(cfg, draft_dir, port=None):
+    """The evaluation server's command line: CFG's python and target, the seed, the user's server_args and,
+    for a draft, the eagle3 speculative config."""
+    argv = [*vllm_argv(cfg["python"], cfg["target"], port or cfg["port"]), "--seed", str(cfg["seed"]),
+            *map(str, cfg["server_args"])]
+    if draft_dir:
+        argv += ["--speculative-config", json.dumps({"method": "eagle3", "model": str(draft_dir),
+                                                     "num_speculative_tokens": cfg["num_speculative_tokens"]})]
+    return argv
+
+
+def _post(srv, path, body, timeout):
+    try:
+        return srv.post(path, body, timeout)
+    except HttpError as exc:
+        raise PipelineError(f"evaluate: {exc.url} answered {exc.code}: {exc.detail}") from None
+    except NoAnswer as exc:
+        raise PipelineError(f"evaluate: request to {exc.url} failed ({exc.reason}); see the server log.") from None
+
+
+def _metrics(srv):
+    try:
+        return srv.metrics()
+    except (HttpError, NoAnswer) as exc:
+        reason = exc.reason if isinstance(exc, NoAnswer) else f"HTTP Error {exc.code}: {exc.detail}"
+        raise PipelineError(f"evaluate: cannot read {exc.url} ({reason}).") from None
+
+
+def _request(srv, cfg, prompt):
+    common = {"model": SERVED_NAME, "max_tokens": cfg["max_tokens"], "temperature": float(cfg["temperature"]),
+              "seed": cfg["seed"], "ignore_eos": bool(cfg["ignore_eos"])}
+    if cfg["ignore_eos"]:
+        common["min_tokens"] = cfg["max_tokens"]
+    started = time.monotonic()
+    if "messages" in prompt:
+        resp = _post(srv, "/v1/chat/completions", {**common, "messages": prompt["messages"]}, cfg["request_timeout_s"])
+        text = resp["choices"][0]["message"]["content"]
+    else:
+        resp = _post(srv, "/v1/completions", {**common, "prompt": prompt["prompt"]}, cfg["request_timeout_s"])
+        text = resp["choices"][0]["text"]
+    return {"tokens": int(resp["usage"]["completion_tokens"]), "seconds": time.monotonic() - started, "text": text}
+
+
+def measure(cfg, variant, draft_dir, prompts):
+    log_path = Path(cfg["run_dir"]) / "logs" / f"evaluate-serve-{variant}.log"
+    # HF_HUB_OFFLINE=1 after server_env: nothing of the target (an auto_map's code included) comes from the hub
+    env = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", **cfg["server_env"], **remote_code.OFFLINE_ENV}
+    print(f"evaluate: starting vLLM for {variant} (log {log_path})", file=sys.stderr, flush=True)
+    port = cfg["port"] or free_port(cfg["host"])
+    name = f"vLLM server ({variant})"
+    with VllmServer(server_argv(cfg, draft_dir, port), host=cfg["host"], port=port, env=env, log_path=log_path,
+                    ready_timeout_s=cfg["ready_timeout_s"], ready_path="/health", name=name) as srv:
+        who = f"evaluate: the {name}"
+
+        def scrape():
+            return _metrics(srv)
+
+        def finished():
+            return metrics.finished_requests(scrape(), who)
+
+        warmup = prompts[: cfg["warmup_requests"]]
+        for p in warmup:
+            _request(srv, cfg, p)
+        sent_before = metrics.check_finished(finished, 0, len(warmup), who)  # a fresh server: only our warm-up
+        metrics_before = scrape()
+        before = metrics.spec_decode(metrics_before)
+        started = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(max_workers=cfg["concurrency"]) as pool:
+            done = list(pool.map(lambda p: _request(srv, cfg, p), prompts))
+        wall = time.monotonic() - started
+        metrics.check_finished(finished, sent_before, len(prompts), who)
+        metrics_after = scrape()
+        srv.check_ours()  # still our server: the counters read above are its own
+        startup = srv.startup_s
+    with atomic_path(Path(cfg["run_dir"]) / "evaluate" / f"metrics-{variant}.prom") as tmp:
+        tmp.write_text(metrics_after)
+    tokens = sum(d["tokens"] for d in done)
+    result = {"variant": variant, "draft": str(draft_dir) if draft_dir else None, "requests": len(done),
+              "output_tokens": tokens, "seconds": round(wall, 3), "output_tokens_per_s": round(tokens / wall, 2),
+              "mean_request_s": round(sum(d["seconds"] for d in done) / len(done), 4), "server_startup_s": startup,
+              "outputs_sha256": sha256_json([d["text"] for d in done])}
+    if draft_dir:
+        after = metrics.spec_decode(metrics_after)
+        if not after["present"]:
+            raise PipelineError(f"evaluate: the {variant} server exported no spec-decode counters on /metrics; "
+                                f"the draft was not used (see {log_path}).")
+        result.update(metrics.summarise(metrics.delta(after, before)))
+    print(f"evaluate: {variant}: {result['output_tokens_per_s']} output tokens/s"
+          + (f", AL {result['acceptance_length']}" if draft_dir else ""), file=sys.stderr, flush=True)
+    return result
+
+
+def build_control_draft(export_dir, dest, seed=0):
+    """A draft with the export's config and tensor shapes but random weights (d2t/t2d and 1-D tensors such as
+    norms kept), written atomically; rebuilt only when the export changed."""
+    import torch  # noqa: PLC0415 - the evaluation venv has torch through vLLM
+    from safetensors.torch import load_file, save_file  # noqa: PLC0415
+
+    export_dir, dest = Path(export_dir), Path(dest)
+    src = export_dir / "model.safetensors"
+    stamp = {"export_sha256": sha256_file(src), "seed": seed}
+    if read_json(dest / "specdec_control.json") == stamp and (dest / "model.safetensors").exists():
+        return dest
+    dest.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, t in load_file(str(src)).items():
+        if t.is_floating_point() and t.dim() >= 2:
+            std = float(t.float().std()) or 0.02
+            t = (torch.randn(t.shape, generator=gen) * std).to(t.dtype)
+        tensors[name] = t.contiguous()
+    with atomic_path(dest / "model.safetensors") as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+    for extra in ("config.json", "config.py", "generation_config.json"):
+        if (export_dir / extra).exists():
+            (dest / extra).write_bytes((export_dir / extra).read_bytes())
+    write_json(dest / "specdec_control.json", stamp)
+    return dest

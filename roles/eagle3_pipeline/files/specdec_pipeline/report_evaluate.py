@@ -1,0 +1,122 @@
+"""The evaluation section of the report: its one writer.
+
+report/evaluate.md holds the section alone; report/report.md holds it between the markers below - written there
+by report.write (the pipeline's report) and replaced in place after each evaluate run. The per-position acceptance
+plot is a PNG through matplotlib when the venv has it, else an SVG of our own.
+"""
+
+from pathlib import Path
+
+from specdec_pipeline.fsutil import atomic_path, read_json
+
+BEGIN, END = "<!-- evaluate -->", "<!-- /evaluate -->"
+
+
+def report_lines(run_dir):
+    """Markdown lines of the evaluation section (empty when the stage has not run); report.py includes them."""
+    res = read_json(Path(run_dir) / "evaluate" / "results.json")
+    if not res:
+        return []
+    v = res["variants"]
+    lines = ["## Evaluation (vLLM spec decode)", "",
+             f"{res['prompts']} prompts, {res['settings']['max_tokens']} output tokens each, temperature "
+             f"{res['settings']['temperature']}, {res['settings']['num_speculative_tokens']} draft tokens, "
+             f"{res['vllm']}.", "",
+             "| variant | AL | acceptance rate | per-position acceptance | output tokens/s | speed-up |",
+             "|---|---|---|---|---|---|"]
+    for name in ("baseline", "trained", "control"):
+        r = v.get(name)
+        if not r:
+            continue
+        sp = res["speedup"].get(name)
+        lines.append(f"| {name} | {_dash(r.get('acceptance_length'))} | {_dash(r.get('acceptance_rate'))} | "
+                     f"{', '.join(str(x) for x in r.get('per_position', [])) or '-'} | {r['output_tokens_per_s']} | "
+                     f"{f'{sp:.2f}x' if sp else '-'} |")
+    lines.append("")
+    if res.get("margin_over_control") is not None:
+        lines.append(f"Trained draft over the random-weight control: AL margin {res['margin_over_control']:+.3f}.")
+    lines.append(f"Gate: {res['gate']}.")
+    if res.get("plot"):
+        lines += ["", f"![acceptance per draft position]({res['plot']})"]
+    return lines + [""]
+
+
+def _dash(value):
+    return "-" if value is None else value
+
+
+def block(run_dir):
+    """The section between its markers, as report.md holds it ([] when the stage has not run)."""
+    section = report_lines(run_dir)
+    return ["", BEGIN, *section, END] if section else []
+
+
+def write(run_dir):
+    """Write report/evaluate.md and put the section into report/report.md (replacing the earlier one); returns
+    report.md when there is one, else evaluate.md."""
+    rep_dir = Path(run_dir) / "report"
+    rep_dir.mkdir(parents=True, exist_ok=True)
+    section = report_lines(run_dir)
+    with atomic_path(rep_dir / "evaluate.md") as tmp:
+        tmp.write_text("# EAGLE-3 draft evaluation\n\n" + "\n".join(section[1:]) + "\n")
+    main = rep_dir / "report.md"
+    if main.is_file():
+        text = main.read_text()
+        if BEGIN in text and END in text:
+            text = text[: text.index(BEGIN)].rstrip("\n") + "\n" + text[text.index(END) + len(END):].lstrip("\n")
+        with atomic_path(main) as tmp:
+            tmp.write_text(text.rstrip("\n") + "\n" + "\n".join(block(run_dir)) + "\n")
+    return main if main.is_file() else rep_dir / "evaluate.md"
+
+
+def plot(results, dest_dir):
+    """Per-position acceptance of each draft: PNG through matplotlib when the venv has it, else our own SVG."""
+    series = {v: r["per_position"] for v, r in results["variants"].items() if r.get("per_position")}
+    try:
+        import matplotlib  # noqa: PLC0415
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError:
+        plt = None
+    if plt is not None:
+        fig, ax = plt.subplots(figsize=(5, 3))
+        width = 0.8 / max(len(series), 1)
+        for i, (name, rates) in enumerate(series.items()):
+            ax.bar([p + 1 + i * width for p in range(len(rates))], rates, width=width, label=name)
+        ax.set(title="acceptance per draft position", xlabel="draft position", ylabel="accepted share", ylim=(0, 1))
+        ax.legend()
+        fig.tight_layout()
+        with atomic_path(dest_dir / "acceptance.png") as tmp:
+            fig.savefig(tmp, format="png")
+        plt.close(fig)
+        return "acceptance.png"
+    with atomic_path(dest_dir / "acceptance.svg") as tmp:
+        tmp.write_text(_svg(series))
+    return "acceptance.svg"
+
+
+def _svg(series, w=420, h=240, pad=40):
+    colours = ["#1f77b4", "#ff7f0e", "#2ca02c"]
+    npos = max((len(r) for r in series.values()), default=0)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">',
+             f'<text x="{w / 2}" y="16" text-anchor="middle">acceptance per draft position</text>',
+             f'<line x1="{pad}" y1="{h - pad}" x2="{w - 10}" y2="{h - pad}" stroke="black"/>',
+             f'<line x1="{pad}" y1="{h - pad}" x2="{pad}" y2="24" stroke="black"/>',
+             f'<text x="{pad - 4}" y="28" text-anchor="end">1</text>',
+             f'<text x="{pad - 4}" y="{h - pad}" text-anchor="end">0</text>']
+    group = (w - pad - 20) / max(npos, 1)
+    bar_w = group * 0.8 / max(len(series), 1)
+    for s, (name, rates) in enumerate(series.items()):
+        colour = colours[s % len(colours)]
+        for p, rate in enumerate(rates):
+            bh = (h - pad - 24) * (rate or 0)
+            x = pad + 10 + p * group + s * bar_w
+            parts.append(f'<rect x="{x:.1f}" y="{h - pad - bh:.1f}" width="{bar_w:.1f}" height="{bh:.1f}" fill="{colour}">'
+                         f'<title>{name} position {p + 1}: {rate}</title></rect>')
+        parts.append(f'<rect x="{w - 110}" y="{28 + 14 * s}" width="10" height="10" fill="{colour}"/>'
+                     f'<text x="{w - 95}" y="{37 + 14 * s}">{name}</text>')
+    for p in range(npos):
+        parts.append(f'<text x="{pad + 10 + p * group + group * 0.4:.1f}" y="{h - pad + 14}" text-anchor="middle">{p + 1}</text>')
+    parts.append(f'<text x="{w / 2}" y="{h - 8}" text-anchor="middle">draft position</text></svg>')
+    return "\n".join(parts) + "\n"
