@@ -10,6 +10,7 @@ from specdec_pipeline.errors import PipelineError, exit_text
 from specdec_pipeline.fsutil import check_space, dir_size, open_step_dir, read_json, swap_in
 from specdec_pipeline.progress import Progress, log
 from specdec_pipeline.draft import checkpoint_bytes as space_needed
+from specdec_pipeline.prepare import load_tokenizer
 from specdec_pipeline.target import text_config
 from specdec_pipeline.tracks.current.common import _inputs_settled, _step_dir, _write_manifest, stack_versions
 
@@ -64,6 +65,21 @@ def loss_impl(cfg):
     return loss_decision(cfg)[0]
 
 
+def mask_token_id(cfg):
+    """The id `speculators train --mask-token-id` gets: the tokenizer's mask token, else its pad, eos or unk token.
+
+    EAGLE-3 drafts never use it (speculators 0.9 reads it for its P-EAGLE and DFlash drafts only), but without it
+    speculators loads the target's whole processor to find one: Kimi-K2.5's image processor needs torchvision,
+    which the CPU venvs leave out, and on the host it is the checkpoint's own processor code. The tokenizer alone
+    answers."""
+    tok = load_tokenizer(cfg)
+    for tid in (tok.mask_token_id, tok.pad_token_id, tok.eos_token_id, tok.unk_token_id):
+        if tid is not None:
+            return int(tid)
+    raise PipelineError(f"{cfg['target']['path']}: the tokenizer has no mask, pad, eos or unk token; "
+                        "`speculators train` needs one id for --mask-token-id: add one to tokenizer_config.json.")
+
+
 def train_argv(cfg, save_dir):
     tr, ext = cfg["train"], run_path(cfg, "extract")
     ids = read_json(ext / "data_config.json")["layer_ids"]
@@ -88,6 +104,7 @@ def train_argv(cfg, save_dir):
             "--draft-attn-impl", attention_impl(cfg),
             "--loss-implementation", loss_impl(cfg),
             "--seed", str(tr["seed"]),
+            "--mask-token-id", str(mask_token_id(cfg)),
             "--save-path", str(save_dir),
             "--log-dir", str(run_path(cfg, "logs", "speculators")),
             "--run-name", "specdec"]
