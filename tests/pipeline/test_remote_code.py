@@ -130,7 +130,7 @@ def test_switch_off_runs_none_of_the_targets_code(tiny_target, tmp_path, patched
     proc = _pipeline(cfg, "run", "--until", "train", hf_home=tmp_path / "hf", pythonpath=[patched_speculators])
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert _ran(marker) == []  # prepare, extract and the patched speculators (t01) in train ran none of it
-    assert json.loads(proc.stdout.strip().splitlines()[-1])["ran"] == ["prepare", "extract", "vocab", "train"]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["ran"] == ["regenerate", "prepare", "extract", "vocab", "train"]
     assert "trust_remote_code is off - 4 file(s) that auto_map names" in proc.stderr
     assert "runs (trust_remote_code on)" not in proc.stderr
     for step in ("prepare", "extract"):
@@ -164,7 +164,7 @@ def test_switch_on_names_records_and_notices_a_changed_file(tiny_target, tmp_pat
         (manifests / f"{step}.json").write_text(json.dumps(man))
     proc = _pipeline(cfg, "run", "--until", "extract", hf_home=hf_home)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert json.loads(proc.stdout.strip().splitlines()[-1])["skipped"] == ["prepare", "extract"]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["skipped"] == ["regenerate", "prepare", "extract"]
     for step in ("prepare", "extract"):
         assert json.loads((manifests / f"{step}.json").read_text())["remote_code"]["files"] == expected
 

@@ -70,7 +70,7 @@ def test_config_change_reruns_that_step_and_the_ones_after(full_run, tmp_path):
     cfg = write_config(tmp_path / "run.json", run_dir, full_run["target"], vocab={"draft_vocab_size": 96})
     proc = pipeline(cfg, "run")
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert summary["skipped"] == ["prepare", "extract"]
+    assert summary["skipped"] == ["regenerate", "prepare", "extract"]
     assert summary["ran"] == ["vocab", "train", "export"]
     rows = [json.loads(x) for x in (run_dir / "train" / "metrics.jsonl").read_text().splitlines()]
     assert sum(1 for r in rows if "val" in r) == 1, "metrics of the earlier training were kept"

@@ -21,6 +21,10 @@ DEFAULTS = {
     "dataset": {"source": None, "split": "train", "max_samples": None, "seed": 0,
                 "heldout": 0},               # conversations kept out of training for the evaluate stage
     "seq_length": 2048,
+    "chat_mode": "instant",          # thinking | instant: how regenerate, prepare and held-out prompts render
+    # regenerate (regenerate.py): the target answers the training prompts itself; the server is the extraction's.
+    "regenerate": {"enabled": False, "temperature": 0.0, "top_p": 1.0, "max_tokens": 1024, "seed": 0,
+                   "concurrency": 8},
     "min_mask_share": 0.9,           # fail prepare when fewer samples have a non-empty loss mask
     "extract": {
         "backend": "transformers",   # transformers | vllm
@@ -61,7 +65,9 @@ DEFAULTS = {
 
 # Config keys (dotted) each step's hash covers.
 STEP_KEYS = {
-    "prepare": ["target", "dataset", "seq_length", "min_mask_share"],
+    "regenerate": ["target", "dataset", "seq_length", "chat_mode", "regenerate.enabled", "regenerate.temperature",
+                   "regenerate.top_p", "regenerate.max_tokens", "regenerate.seed", "current.max_model_len"],
+    "prepare": ["target", "dataset", "seq_length", "min_mask_share", "chat_mode"],
     "extract": ["target", "extract.backend", "extract.layer_ids", "extract.dtype"],
     "vocab": ["target", "vocab"],
     "train": ["target", "train.epochs", "train.lr", "train.total_seq_len", "train.num_layers", "train.ttt_steps",

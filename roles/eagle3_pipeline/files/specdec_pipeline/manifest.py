@@ -15,13 +15,18 @@ from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.fsutil import read_json, sha256_file, sha256_json, write_json
 
 HASH_LIMIT = 64 << 20
-PREVIOUS = {"prepare": None, "extract": "prepare", "vocab": "prepare", "train": "vocab", "export": "train"}
+PREVIOUS = {"regenerate": None, "prepare": "regenerate", "extract": "prepare", "vocab": "prepare", "train": "vocab",
+            "export": "train"}
 # Steps whose outputs a step reads (its inputs): a changed upstream output re-runs it.
-INPUTS = {"prepare": [], "extract": ["prepare"], "vocab": ["prepare"], "train": ["extract", "vocab"],
+INPUTS = {"regenerate": [], "prepare": ["regenerate"], "extract": ["prepare"], "vocab": ["prepare"],
+          "train": ["extract", "vocab"],
           "export": ["train", "vocab"]}
 # Steps that run the target's tokenizer or model on data: their manifests record the target's own code that ran
 # (remote_code.record) and a changed file re-runs them; later steps follow through their inputs.
 REMOTE_CODE_STEPS = ("prepare", "extract")
+# Inputs read only while their step is switched on: off, a step's manifest does not depend on them (a run made
+# before the step existed stays current).
+SWITCHED = {"regenerate": lambda cfg: bool(cfg["regenerate"]["enabled"])}
 
 
 def manifest_path(cfg, step):
@@ -54,7 +59,7 @@ def outputs_digest(manifest):
 
 
 def input_digests(cfg, step):
-    return {dep: outputs_digest(read(cfg, dep)) for dep in INPUTS[step]}
+    return {dep: outputs_digest(read(cfg, dep)) for dep in INPUTS[step] if dep not in SWITCHED or SWITCHED[dep](cfg)}
 
 
 def describe_outputs(cfg, paths):

@@ -5,6 +5,11 @@ tokenizer work: the conversation is rendered with the chat template, then growin
 text (ending before and after each assistant reply) are encoded and the token counts mark the reply's tokens.
 Where a tokenizer merges across a boundary, the boundary moves to the longest prefix whose encoding agrees
 with the full encoding.
+
+Rendering follows the run's chat mode (chatmode.py): in thinking mode the generation prompt ends in the opening
+reasoning tag, so the mask covers the last reply's reasoning, the closing tag and its content; in instant mode the
+content. With regenerate on, the training conversations carry the target's own replies (regenerate.py); those
+whose regeneration left no complete reply are dropped and counted.
 """
 
 import json
@@ -16,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from specdec_pipeline import manifest, remote_code
+from specdec_pipeline import chatmode, manifest, regenerate, remote_code
 from specdec_pipeline.config import run_path
 from specdec_pipeline.datasets_io import load_conversations
 from specdec_pipeline.errors import PipelineError
@@ -44,8 +49,8 @@ def _encode(tok, text):
     return tok.encode(text, add_special_tokens=False)
 
 
-def _render(tok, messages, add_generation_prompt=False):
-    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+def _render(tok, messages, add_generation_prompt=False, mode=None):
+    return chatmode.render(tok, messages, mode, add_generation_prompt=add_generation_prompt)
 
 
 def _boundary(tok, full_text, full_ids, char_pos):
@@ -57,16 +62,18 @@ def _boundary(tok, full_text, full_ids, char_pos):
     return n
 
 
-def tokenize_conversation(tok, messages, seq_length):
-    """Return (input_ids, loss_mask) for one conversation; loss_mask is 1 on assistant reply tokens."""
-    full = _render(tok, messages)
+def tokenize_conversation(tok, messages, seq_length, mode=None):
+    """Return (input_ids, loss_mask) for one conversation rendered in chat MODE (None: the template's default);
+    loss_mask is 1 on assistant reply tokens (in thinking mode the last reply's reasoning included)."""
+    messages = chatmode.for_training(messages, mode)
+    full = _render(tok, messages, mode=mode)
     ids = _encode(tok, full)
     mask = [0] * len(ids)
     for i, msg in enumerate(messages):
         if msg["role"] != "assistant":
             continue
-        before = _render(tok, messages[:i], add_generation_prompt=True)
-        after = _render(tok, messages[: i + 1])
+        before = _render(tok, messages[:i], add_generation_prompt=True, mode=mode)
+        after = _render(tok, messages[: i + 1], mode=mode)
         if not full.startswith(after) or not after.startswith(before):
             raise ValueError("the chat template does not render conversations prefix-stably")
         start = _boundary(tok, full, ids, len(before))
@@ -76,12 +83,16 @@ def tokenize_conversation(tok, messages, seq_length):
     return ids[:seq_length], mask[:seq_length]
 
 
-def run(cfg):
-    started = time.time()
-    out_dir = run_path(cfg, "prepare")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tok = load_tokenizer(cfg)
-    convs = load_conversations(cfg["dataset"]["source"], cfg["dataset"]["split"])
+def check(cfg):
+    """The chat mode against the target's template, before the run writes anything (reads only; only when the
+    step would run)."""
+    if cfg["chat_mode"] not in chatmode.MODES or not manifest.is_current(cfg, "prepare")[0]:
+        chatmode.check(cfg, load_tokenizer(cfg))
+
+
+def select(cfg, convs):
+    """Which conversations prepare trains on and which it holds out, decided from the dataset settings alone
+    (regenerate answers exactly these): {"order", "heldout", "contaminated"} as source indices."""
     rng = random.Random(cfg["dataset"]["seed"])
     order = list(range(len(convs)))
     rng.shuffle(order)
@@ -96,11 +107,26 @@ def run(cfg):
     order = [i for i in order if i not in set(contaminated)]
     if cfg["dataset"]["max_samples"]:
         order = order[: int(cfg["dataset"]["max_samples"])]
+    return {"order": order, "heldout": heldout_idx, "contaminated": contaminated}
+
+
+def run(cfg):
+    started = time.time()
+    out_dir = run_path(cfg, "prepare")
+    tok = load_tokenizer(cfg)
+    mode = cfg["chat_mode"]
+    chatmode.check(cfg, tok)
+    convs = load_conversations(cfg["dataset"]["source"], cfg["dataset"]["split"])
+    chosen = select(cfg, convs)
+    order, heldout_idx, contaminated = chosen["order"], chosen["heldout"], chosen["contaminated"]
+    convs, unanswered = regenerate.conversations_for_training(cfg, convs, order)
+    order = [i for i in order if i not in set(unanswered)]
+    out_dir.mkdir(parents=True, exist_ok=True)
     prog = Progress(run_path(cfg, "progress.json"), "prepare", len(order), unit="conversations")
     samples, failed, empty = [], 0, 0
     for n, idx in enumerate(order):
         try:
-            ids, mask = tokenize_conversation(tok, convs[idx], int(cfg["seq_length"]))
+            ids, mask = tokenize_conversation(tok, convs[idx], int(cfg["seq_length"]), mode)
         except Exception as exc:  # noqa: BLE001 - counted and reported; the share check below decides
             failed += 1
             log.warning("conversation %s skipped: %s", idx, exc)
@@ -123,7 +149,7 @@ def run(cfg):
             for s in samples:
                 f.write(json.dumps(s, separators=(",", ":")) + "\n")
     heldout_path = out_dir / "heldout.jsonl"
-    heldout = _write_heldout(tok, convs, heldout_idx, int(cfg["seq_length"]), heldout_path)
+    heldout = _write_heldout(tok, convs, heldout_idx, int(cfg["seq_length"]), heldout_path, mode)
     freq_path = out_dir / "token_freq.pt"
     _token_freq(samples, freq_path)
     lengths = [len(s["input_ids"]) for s in samples]
@@ -131,7 +157,9 @@ def run(cfg):
     prog.finish(f"{len(samples)} samples")
     counts = {"conversations": len(order), "samples": len(samples), "failed": failed, "empty_mask": empty,
               "tokens": sum(lengths), "masked_tokens": sum(sum(s["loss_mask"]) for s in samples),
-              "heldout": len(heldout), "dropped_same_prompt_as_heldout": len(contaminated)}
+              "heldout": len(heldout), "dropped_same_prompt_as_heldout": len(contaminated),
+              "chat_mode": mode, "regenerated": bool(cfg["regenerate"]["enabled"]),
+              "dropped_no_complete_regenerated_reply": len(unanswered)}
     return manifest.write(cfg, "prepare", [samples_path, freq_path, out_dir / "lengths.json", heldout_path], counts,
                           started, extra={"heldout": {"file": "prepare/heldout.jsonl",
                                                       "source_indices": sorted(r["source_index"] for r in heldout)}})
@@ -148,9 +176,10 @@ def _prompt_key(messages):
     return tuple(key)
 
 
-def _write_heldout(tok, convs, indices, seq_length, dest):
+def _write_heldout(tok, convs, indices, seq_length, dest, mode=None):
     """Write the held-out conversations as evaluation prompts: the turns before the first assistant reply,
-    rendered with the generation prompt (prompt_ids), plus that reply as the reference. Never trained on."""
+    rendered with the generation prompt in chat MODE (prompt_ids), plus that reply as the reference. Never
+    trained on."""
     rows = []
     for idx in indices:
         msgs = convs[idx]
@@ -159,8 +188,9 @@ def _write_heldout(tok, convs, indices, seq_length, dest):
             log.warning("held-out conversation %s has no user turn before an assistant reply; not used", idx)
             continue
         prompt = msgs[:first]
-        ids = _encode(tok, _render(tok, prompt, add_generation_prompt=True))[:seq_length]
-        rows.append({"source_index": idx, "messages": prompt, "reference": msgs[first]["content"], "prompt_ids": ids})
+        ids = _encode(tok, _render(tok, prompt, add_generation_prompt=True, mode=mode))[:seq_length]
+        rows.append({"source_index": idx, "messages": prompt, "reference": msgs[first]["content"], "prompt_ids": ids,
+                     "chat_mode": mode})
     with atomic_path(dest) as tmp:
         tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
     return rows

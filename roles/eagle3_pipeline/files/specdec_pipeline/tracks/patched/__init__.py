@@ -34,7 +34,7 @@ def _export():
     return export
 
 
-STEPS = {"prepare": steps.prepare, "extract": _extract, "vocab": steps.vocab, "train": _train, "export": _export}
+STEPS = {"regenerate": steps.regenerate, "prepare": steps.prepare, "extract": _extract, "vocab": steps.vocab, "train": _train, "export": _export}
 
 
 def default_layer_ids(num_layers):
