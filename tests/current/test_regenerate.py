@@ -47,8 +47,22 @@ def ledger_ids(path):
     return [json.loads(line)["id"] for line in path.read_text().splitlines() if line.strip()]
 
 
+def server_sessions(pid):
+    """Session ids of the servers process PID started (each runs in a session of its own, led by the launcher)."""
+    out = subprocess.run(["ps", "-eww", "-o", "pid=,ppid=,sid=,args="], text=True, capture_output=True,
+                         check=True).stdout
+    return {f[2] for f in (line.split(None, 3) for line in out.splitlines()) if len(f) == 4 and f[1] == str(pid)
+            and "api_server" in f[3]}
+
+
+def in_sessions(sids):
+    out = subprocess.run(["ps", "-eww", "-o", "sid=,pid=,args="], text=True, capture_output=True, check=True).stdout
+    return [line for line in out.splitlines() if line.split(None, 1)[0] in sids]
+
+
 def start_and_kill(cfg, ledger, at_least, log_path):
-    """Run the pipeline, SIGKILL it (no clean-up code runs) once LEDGER lists AT_LEAST conversations."""
+    """Run the pipeline, SIGKILL it (no clean-up code runs) once LEDGER lists AT_LEAST conversations; its server
+    (launcher, API server, engine and workers) must end with it."""
     argv = [str(PY), "-m", "specdec_pipeline", str(cfg), "run", "--until", "regenerate"]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(argv, env=pipeline_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -58,18 +72,15 @@ def start_and_kill(cfg, ledger, at_least, log_path):
                 break
             time.sleep(0.1)
         assert proc.poll() is None, "the run ended before it could be killed: " + log_path.read_text()[-2000:]
+        sids = server_sessions(proc.pid)
+        assert sids, "no regenerate server found while regenerating"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     for dummy in range(90):  # the server dies with the pipeline (the launcher's PR_SET_PDEATHSIG)
-        if not _regenerate_servers():
+        if not in_sessions(sids):
             break
         time.sleep(1)
-    assert not _regenerate_servers(), _regenerate_servers()
-
-
-def _regenerate_servers():
-    out = subprocess.run(["ps", "-eww", "-o", "pid,args"], text=True, capture_output=True, check=True).stdout
-    return [line for line in out.splitlines() if "api_server" in line and f"--model {TARGET} " in line]
+    assert not in_sessions(sids), in_sessions(sids)
 
 
 def check_answers(run_dir, cfg_path):
@@ -143,7 +154,6 @@ def test_sigkill_during_regenerate_resumes_exactly(tmp_path):
     for i, data in kept.items():  # what was answered before the kill is kept, not answered again
         assert (run_dir / "regenerate" / "conversations" / f"c_{i}.json").read_bytes() == data
         assert json.loads(data) == next(r for r in rows if r["source_index"] == i)
-    assert not _regenerate_servers()
 
 
 def test_changed_temperature_regenerates_beside_the_old_answers(tmp_path):
