@@ -127,6 +127,20 @@ def test_a_bad_pipeline_setting_fails_with_one_line(extra, expected):
     assert "\n" not in failures[0].strip()
 
 
+@pytest.mark.parametrize(("storage", "refused"), [("bf16", True), ("fp8", False)])
+def test_the_disk_check_counts_the_bytes_the_chosen_storage_writes(storage, refused):
+    # Kimi-K2.5's hidden size (7168), 4 capture ids, 1024 tokens per sample: bf16 writes 2 bytes a value, fp8 one.
+    # Enough samples that bf16 needs about 1.5 x the work directory's free space and fp8 about 0.75 x.
+    work = Path(tempfile.gettempdir())
+    per_sample_bf16 = 1024 * 4 * 7168 * 2 * 1.2
+    samples = int(1.5 * shutil.disk_usage(work).free / per_sample_bf16) + 1
+    rc, failures = preflight(inventory="kimi-current", **dict(
+        LOCAL, specdec_work_dir=str(work / "specdec-disk-check"), eagle3_pipeline_seq_length=1024,
+        eagle3_pipeline_max_samples=samples, eagle3_pipeline_hs_storage=storage))
+    assert (rc != 0) == refused, failures
+    assert bool(failures) == refused and (not refused or "its filesystem has" in failures[0]), failures
+
+
 def test_a_target_without_tokenizer_and_weights_is_refused():
     tmp_path = Path(tempfile.mkdtemp(prefix="specdec-preflight-", dir="/tmp"))  # a path the pipeline user can reach
     tmp_path.chmod(0o755)
