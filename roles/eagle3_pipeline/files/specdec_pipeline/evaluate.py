@@ -6,7 +6,8 @@ Runs in the evaluation venv (a vLLM new enough to serve the draft), not in the p
 variant - `baseline` (no draft), `trained` (the exported draft) and, optionally, `control` (a random-weight
 draft of the same shape) - it starts vLLM's OpenAI server on 127.0.0.1 (serve.VllmServer: a free port, a random
 API key, readiness only when the listening socket is the server's own, timeout, always stopped), sends the same
-prompts (greedy unless a temperature is set; a fixed number of output tokens), and reads the spec-decode counters from /metrics before and after: acceptance length
+prompts (greedy unless a temperature is set; a fixed number of output tokens), and reads the spec-decode
+counters from /metrics before and after: acceptance length
 (AL = 1 + accepted / drafts), per-position acceptance, output tokens/s and the speed-up over the baseline.
 The server's finished-request counter must grow by exactly the number of prompts sent, and the server must
 still own its port after the measurement; otherwise the variant fails in one line.
@@ -63,6 +64,7 @@ DEFAULTS = {
     "min_acceptance_length": None,    # gate: fail below this AL of the trained draft (None: off)
     "require_beats_control": False,   # gate: fail unless the trained draft's AL beats the control's
 }
+
 
 # -- configuration ------------------------------------------------------------------------------------------
 def load_config(path):

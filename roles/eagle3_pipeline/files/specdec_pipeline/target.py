@@ -29,4 +29,3 @@ def text_config(cfg):
 
 def dtype_of(cfg):
     return getattr(text_config(cfg), "torch_dtype", None)
-

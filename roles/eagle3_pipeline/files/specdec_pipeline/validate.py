@@ -14,6 +14,7 @@ from specdec_pipeline.config import extract_dtype, run_path
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.fsutil import dir_size, free_bytes, human
 
+
 def _settings(cfg):
     """What the rules shared by the steps (the track's capture ids, extract.dtype) and then each step's settings
     check (the checks `run` makes first, which stop at their first problem) refuse; each problem once."""

@@ -77,5 +77,3 @@ def write_dataset(samples, dest):
 
 def _dataset_outputs(cfg, dest):
     return manifest.describe_outputs(cfg, [p for p in dest.rglob("*") if p.is_file()])
-
-

@@ -52,5 +52,3 @@ def run(cfg):
     counts = {"epoch": done[-1], "capture_layer_ids": ids, "eagle_aux_hidden_state_layer_ids": aux,
               "norm_before_fc": conf.get("norm_before_fc"), "norm_output": conf.get("norm_output")}
     return _write_manifest(cfg, "export", [out / "config.json", out / "model.safetensors"], counts, started)
-
-

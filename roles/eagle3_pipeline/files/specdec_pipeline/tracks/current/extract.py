@@ -104,7 +104,7 @@ def run(cfg):
                                         "see the server log.") from None
                 shutil.move(staged, dest)  # same filesystem: a rename
                 ledger.append(finished_path, {"id": sample["id"], "index": i, "tokens": len(sample["input_ids"]),
-                                        "size": dest.stat().st_size, "sha256": sha256_file(dest)})
+                                              "size": dest.stat().st_size, "sha256": sha256_file(dest)})
                 finished[sample["id"]] = True
                 prog.update(len(finished), tokens=len(sample["input_ids"]))
     prog.finish(f"{len(finished)} samples")
@@ -129,8 +129,6 @@ def run(cfg):
               "hs_storage": storage, "bytes_per_token": per_token,
               "bytes": sum(r["size"] for r in finished.values())}
     return _write_manifest(cfg, "extract", outputs, counts, started)
-
-
 
 
 def space_needed(cfg):

@@ -232,5 +232,3 @@ def run(cfg):
     counts = {"epochs": len(done), "last_epoch": done[-1], "draft_attn_impl": attention_impl(cfg),
               "loss_implementation": impl, "loss_implementation_why": why, "trainer": "speculators train"}
     return _write_manifest(cfg, "train", [last / f for f in CHECKPOINT_FILES], counts, started)
-
-

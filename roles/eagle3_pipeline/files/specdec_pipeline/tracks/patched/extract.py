@@ -216,4 +216,4 @@ def _save(out_dir, finished_path, sample, hidden_states, n_layers, hidden, dtype
     blob = sample_bytes(data)
     write_bytes_atomic(dest, blob, validate=check)
     ledger.append(finished_path, {"id": sample["id"], "tokens": len(sample["input_ids"]),
-                                     "size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()})
+                                  "size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()})
