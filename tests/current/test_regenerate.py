@@ -23,7 +23,7 @@ from test_current_track import (  # noqa: F401 - pytestmark: skipped without the
     digests,
     error_lines,
     pipeline_env,
-    pytestmark,
+    pytestmark,  # pylint: disable=unused-import
     venv_python,
     write_config,
 )

@@ -44,7 +44,7 @@ def built(tmp_path_factory):
     """A mini-Kimi built by the role's command (`build-tiny --shape kimi`), then built again (must be a no-op)."""
     out = tmp_path_factory.mktemp("mini-kimi") / "target"
     runs = []
-    for _ in range(2):
+    for _attempt in range(2):
         proc = subprocess.run([str(PY), "-m", "specdec_pipeline", str(DATASET), "build-tiny", "--out", str(out),
                                "--shape", "kimi"], env=dict(os.environ, PYTHONPATH=str(FILES), HF_HUB_OFFLINE="1"),
                               text=True, capture_output=True, check=False, timeout=900)
@@ -194,7 +194,7 @@ def test_the_train_step_names_the_mask_token_so_speculators_loads_no_processor(b
     """speculators 0.9 loads the target's processor for --mask-token-id when none is given (EAGLE-3 never uses the id);
     Kimi-K2.5's image processor needs torchvision, which the CPU venv leaves out."""
     got = venv_python(MASK, built)
-    assert got["tid"] == got["pad"] is not None
+    assert got["pad"] is not None and got["tid"] == got["pad"]
     if not got["torchvision"]:
         assert got["processor_error"] and "image processor" in got["processor_error"], got
 

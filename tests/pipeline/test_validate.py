@@ -40,7 +40,7 @@ def test_the_layer_id_rule_is_the_running_tracks(tmp_path, tiny_target):
     # [2, 4, 5, 7]: the patched track's default for 8 layers (layer outputs); on the current track the last vLLM
     # capture id must be 8, the final layer's output.
     ids = {"layer_ids": [2, 4, 5, 7]}
-    patched, _ = validate(write_config(tmp_path / "p.json", tmp_path / "p", tiny_target, extract=ids))
+    patched, _errors = validate(write_config(tmp_path / "p.json", tmp_path / "p", tiny_target, extract=ids))
     assert patched.returncode == 0, patched.stderr[-3000:]
     proc, errors = validate(write_config(tmp_path / "c.json", tmp_path / "c", tiny_target, extract=ids,
                                          track="current"))

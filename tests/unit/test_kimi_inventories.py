@@ -59,7 +59,7 @@ def playbook(inventory, extra, *args, playbook_path="preflight.yml"):
 def failures(rows):
     """One entry per failed task: its per-item messages (a looped assert) or its message."""
     out = []
-    for _, task, res in rows:
+    for _play, task, res in rows:
         if res.get("failed"):
             items = [i.get("msg", "") for i in res.get("results", [])
                      if i.get("failed") or "exception" in i or i.get("evaluated_to") is False]
@@ -79,7 +79,7 @@ def one_line(rows, expected):
 
 
 def chosen_cuda(rows):
-    picks = [res["ansible_facts"]["cuda_toolkit_effective_version"] for _, task, res in rows
+    picks = [res["ansible_facts"]["cuda_toolkit_effective_version"] for _play, task, res in rows
              if task == "Work out the toolkit version from the vLLM version" and "ansible_facts" in res]
     assert picks, "no CUDA toolkit was chosen"
     return picks
@@ -152,14 +152,14 @@ def test_the_shipped_values_pass_preflight_and_choose_the_tracks_cuda(inventory,
 
 def test_old_kimi_current_cuda_is_refused(model_dir):
     # Without the inventory's line the toolkit matched the patched track's default vLLM (0.16.0): CUDA 12.9.
-    _, rows = playbook("kimi-current", local(model_dir, cuda_toolkit_vllm_version="0.16.0"))
+    _rc, rows = playbook("kimi-current", local(model_dir, cuda_toolkit_vllm_version="0.16.0"))
     one_line(rows, ["cuda_toolkit_vllm_version is '0.16.0', so the stack stage would install CUDA 12.9",
                     "the current track installs vLLM 0.34.0, whose torch is built for CUDA 13.0",
                     "Set cuda_toolkit_vllm_version to the track's vLLM version (current_stack_vllm_version"])
 
 
 def test_an_explicit_toolkit_older_than_the_torch_is_refused(model_dir):
-    _, rows = playbook("kimi-current", local(model_dir, cuda_toolkit_version="12.8"))
+    _rc, rows = playbook("kimi-current", local(model_dir, cuda_toolkit_version="12.8"))
     one_line(rows, ["cuda_toolkit_version '12.8'", "would install CUDA 12.8", "cuda_toolkit_version to 13.0"])
 
 
@@ -169,9 +169,9 @@ def test_the_shipped_interpreter_is_refused_where_it_does_not_run(inventory, mod
         pytest.skip("python3.12 runs on this machine; the container test proves the refusal on Debian 12")
     extra = local(model_dir)
     del extra["ml_venv_python"], extra["eagle3_evaluate_python"]
-    _, rows = playbook(inventory, extra)
+    _rc, rows = playbook(inventory, extra)
     failed = failures(rows)
-    assert [task for task, _ in failed] == ["Refuse an interpreter the host does not have"], failed
+    assert [task for task, _res in failed] == ["Refuse an interpreter the host does not have"], failed
     # kimi builds the ML venv and its own evaluation venv from python3.12; kimi-current evaluates in its ML venv.
     expected = ["specdec_python_version is 3.12, but python3.12 does not run on this host"]
     if inventory == "kimi":
@@ -181,7 +181,7 @@ def test_the_shipped_interpreter_is_refused_where_it_does_not_run(inventory, mod
 
 
 def test_the_old_kimi_prefix_is_refused(model_dir):
-    _, rows = playbook("kimi", local(model_dir, specdec_prefix="/root"))
+    _rc, rows = playbook("kimi", local(model_dir, specdec_prefix="/root"))
     one_line(rows, ["specdec_prefix (the pipeline code's home) is /root"])
 
 
@@ -199,7 +199,7 @@ def closed_dir():
 def test_a_prefix_the_new_pipeline_user_cannot_reach_is_refused(model_dir, closed_dir):
     if os.geteuid() != 0:
         pytest.skip("needs root: the refusal is about a directory only root can enter")
-    _, rows = playbook("kimi", local(model_dir, specdec_prefix=str(closed_dir / "specdec")))
+    _rc, rows = playbook("kimi", local(model_dir, specdec_prefix=str(closed_dir / "specdec")))
     one_line(rows, [f"specdec_prefix is {closed_dir}/specdec, but the pipeline runs as 'specdec'",
                     f"cannot pass through {closed_dir} (mode 0750, root:root) on the way to the pipeline code",
                     f"chmod o+x {closed_dir}"])
@@ -214,12 +214,12 @@ def test_a_target_the_new_pipeline_user_cannot_read_is_refused_although_root_can
     (target / "config.json").write_text(json.dumps(KIMI_CONFIG))
     for name in KIMI_FILES:
         (target / name).write_text("")
-    _, rows = playbook(inventory, local(target))
+    _rc, rows = playbook(inventory, local(target))
     one_line(rows, [f"eagle3_pipeline_target_path is {target}",
                     f"cannot pass through {closed_dir} (mode 0750, root:root) on the way to the target model"])
     closed_dir.chmod(0o755)
     target.chmod(0o700)
-    _, rows = playbook(inventory, local(target))
+    _rc, rows = playbook(inventory, local(target))
     one_line(rows, [f"cannot read {target} (mode 0700, root:root) on the way to the target model", "chmod o+rx"])
 
 
@@ -260,10 +260,10 @@ def test_debian_12_refuses_the_shipped_python_3_12_before_installing_anything(st
     rc, rows = playbook(inventory, on(standin), "--check", "--tags", "stack", playbook_path="site.yml")
     assert rc != 0
     failed = failures(rows)
-    assert [task for task, _ in failed] == ["Refuse an interpreter the host does not have"], failed
+    assert [task for task, _res in failed] == ["Refuse an interpreter the host does not have"], failed
     assert all("python3.12 does not run on this host (Debian 12" in m for m in failed[0][1]), failed
     # Refused in the preflight play: no task of the stack stage ran.
-    assert not [task for play, task, _ in rows if play == "Install the GPU and Python stack"]
+    assert not [task for play, task, _res in rows if play == "Install the GPU and Python stack"]
 
 
 @pytest.mark.parametrize("inventory", ["kimi", "kimi-current"])
@@ -276,7 +276,7 @@ def test_the_standin_host_through_preflight_and_the_stack_stage_in_check_mode(st
     failed = failures(rows)
     cuda = {"kimi": "12.9", "kimi-current": "13.0"}[inventory]
     assert set(chosen_cuda(rows)) == {cuda}
-    messages = [res.get("msg", "") for _, res in stack]
+    messages = [res.get("msg", "") for _task, res in stack]
     assert any(f"Check mode: cuda-toolkit-{cuda.replace('.', '-')} would be installed" in m for m in messages), messages
     pins = [res for task, res in stack if task == "Pin the driver packages to branch 580"]
     assert pins and "Pin: version 580.*" in pins[0]["diff"][0]["after"]
@@ -297,7 +297,7 @@ def test_an_existing_pipeline_user_is_asked_itself(standin):
                 "chown root:root /data/models/Kimi-K2.5 && chmod 0700 /data/models/Kimi-K2.5")
     try:
         extra = on(standin, ml_venv_python="/usr/bin/python3.11", eagle3_pipeline_max_samples=2)
-        _, rows = playbook("kimi-current", extra)
+        _rc, rows = playbook("kimi-current", extra)
         one_line(rows, ["eagle3_pipeline_target_path is /data/models/Kimi-K2.5, but the pipeline runs as 'specdec' "
                         "(an existing user)", "cannot read /data/models/Kimi-K2.5 (mode 0700, root:root)"])
         # The same mode, but the user's group may read: only asking the user itself sees that it can.
