@@ -16,14 +16,15 @@ import time
 
 import pytest
 
-from test_current_track import (  # noqa: F401 - pytestmark: skipped without the venv and the tiny target
+# pytestmark: skipped, like that module, without the venv and the tiny target.
+from test_current_track import pytestmark  # noqa: F401 pylint: disable=unused-import
+from test_current_track import (
     FILES,
     PY,
     TARGET,
     digests,
     error_lines,
     pipeline_env,
-    pytestmark,  # pylint: disable=unused-import
     venv_python,
     write_config,
 )
