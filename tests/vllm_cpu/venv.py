@@ -146,7 +146,8 @@ def ensure(spec):
     subprocess.run(pip + ["--require-hashes", "-r", str(REQS[1])], check=True)
     subprocess.run(pip + ["--no-deps", str(wheel)], check=True)
     subprocess.run([str(python), "-c", "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', "
-                    "torch.__version__, 'transformers', transformers.__version__)"], check=True)
+                    "torch.__version__, 'transformers', transformers.__version__)"], check=True,
+                   stdout=sys.stderr)  # stdout carries only the interpreters' paths (scripts/test-all reads them)
     stamp.write_text(stamp_text + "\n")
     return python
 
