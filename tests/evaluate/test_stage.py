@@ -34,14 +34,21 @@ def playbook(*more):
 
 
 @pytest.fixture(scope="module")
-def run_dir():
-    """The run directory the profile's inventory names (specdec_work_dir/runs/specdec_profile)."""
-    cmd = [shutil.which("ansible") or "ansible", "eagle3_hosts", "-i", str(ROOT / "inventory" / PROFILE),
-           "-m", "ansible.builtin.debug", "-a", "msg={{ specdec_work_dir }}/runs/{{ specdec_profile }}"]
+def run_dir(tmp_path_factory):
+    """The run directory the profile's inventory names (specdec_work_dir/runs/specdec_profile).
+
+    Asked through a play that loads the specdec role, which owns the shared defaults: an ad-hoc `ansible -m debug`
+    sees only the inventory, and an inventory restates no default."""
+    play = tmp_path_factory.mktemp("run-dir") / "run-dir.yml"
+    play.write_text("- hosts: eagle3_hosts\n  gather_facts: false\n  roles: [specdec.eagle3.specdec]\n  tasks:\n"
+                    "    - name: run-dir\n      ansible.builtin.debug:\n        msg: \"{{ specdec_work_dir }}/runs/{{ specdec_profile }}\"\n")
+    cmd = [shutil.which("ansible-playbook") or "ansible-playbook", "-i", str(ROOT / "inventory" / PROFILE), str(play)]
     proc = subprocess.run(cmd, cwd=ROOT, env=dict(_env(), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
                                                   ANSIBLE_STDOUT_CALLBACK="json"),
-                          text=True, capture_output=True, check=True)
-    host = next(iter(json.loads(proc.stdout)["plays"][0]["tasks"][0]["hosts"].values()))
+                          text=True, capture_output=True, check=False)
+    assert proc.returncode == 0, f"{' '.join(cmd)}: {proc.stdout[-2000:]} {proc.stderr[-2000:]}"
+    task = next(x for x in json.loads(proc.stdout)["plays"][0]["tasks"] if x["task"]["name"] == "run-dir")
+    host = next(iter(task["hosts"].values()))
     path = Path(host["msg"])
     assert (path / "evaluate" / "results.json").is_file(), f"{path}: the profile {PROFILE} has not been evaluated yet"
     return path
