@@ -6,9 +6,6 @@ Writes vocab/d2t.npy (int64 offsets, draft -> target) and vocab/t2d.npy (bool ma
 import shutil
 import time
 
-import numpy as np
-import torch
-
 from specdec_pipeline import manifest
 from specdec_pipeline.config import run_path
 from specdec_pipeline.errors import PipelineError
@@ -17,6 +14,8 @@ from specdec_pipeline.target import text_config
 
 
 def _save_npy(dest, array):
+    import numpy as np  # noqa: PLC0415 - heavy: imported when the step runs
+
     def check(p):
         back = np.load(p)
         if back.shape != array.shape or back.dtype != array.dtype:
@@ -28,6 +27,8 @@ def _save_npy(dest, array):
 
 
 def run(cfg):
+    import torch  # noqa: PLC0415 - heavy: imported when the step runs
+
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution  # noqa: PLC0415
 
     started = time.time()
@@ -58,5 +59,8 @@ def run(cfg):
 
 
 def load(cfg):
+    import numpy as np  # noqa: PLC0415 - heavy: imported when the step runs
+    import torch  # noqa: PLC0415
+
     out = run_path(cfg, "vocab")
     return torch.from_numpy(np.load(out / "d2t.npy")), torch.from_numpy(np.load(out / "t2d.npy"))

@@ -9,10 +9,6 @@ import json
 import shutil
 import time
 
-import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
-
 from specdec_pipeline import manifest, vocab
 from specdec_pipeline.config import run_path
 from specdec_pipeline.errors import PipelineError
@@ -46,6 +42,9 @@ def export_config(src_config, capture_ids, target_path):
 
 
 def check_checkpoint(model_path, config, d2t, t2d):
+    import torch  # noqa: PLC0415 - heavy: imported when the step runs
+    from safetensors import safe_open  # noqa: PLC0415
+
     with safe_open(str(model_path), framework="pt") as f:
         keys = set(f.keys())
         missing = [k for k in REQUIRED if k not in keys]
@@ -60,6 +59,9 @@ def check_checkpoint(model_path, config, d2t, t2d):
 
 
 def run(cfg):
+    from safetensors import safe_open  # noqa: PLC0415 - heavy: imported when the step runs
+    from safetensors.torch import save_file  # noqa: PLC0415
+
     started = time.time()
     src = last_checkpoint(cfg)
     capture_ids = read_json(run_path(cfg, "extract", "data_config.json"))["layer_ids"]

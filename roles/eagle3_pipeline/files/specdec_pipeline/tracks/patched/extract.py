@@ -14,8 +14,6 @@ import hashlib
 import io
 import time
 
-import torch
-
 from specdec_pipeline import ledger, manifest, remote_code
 from specdec_pipeline.config import extract_dtype, run_path, step_config
 from specdec_pipeline.errors import PipelineError
@@ -36,11 +34,13 @@ from specdec_pipeline.progress import Progress, log
 from specdec_pipeline.target import text_config
 from specdec_pipeline.tracks.patched import extract_bytes_per_token, layer_ids
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+# torch is imported by the functions that need it: the settings check (and `validate`) stays light.
 
 
 def validate_sample(path, expect_ids, expect_mask, n_layers, hidden, dtype):
     """Raise ValueError unless PATH holds the sample exactly as expected."""
+    import torch  # noqa: PLC0415
+
     data = torch.load(path, weights_only=True, map_location="cpu")
     ids, mask, hs = data["input_ids"], data["loss_mask"], data["hidden_states"]
     if ids.dtype != torch.long or ids.tolist() != list(expect_ids):
@@ -59,11 +59,15 @@ def validate_sample(path, expect_ids, expect_mask, n_layers, hidden, dtype):
 
 
 def bytes_needed(n_tokens, n_layers, hidden, dtype):
+    import torch  # noqa: PLC0415
+
     return n_tokens * n_layers * hidden * torch.tensor([], dtype=dtype).element_size()
 
 
 def disk_preflight(cfg, out_dir, n_tokens, n_layers, hidden, dtype, detail="", fix=None, reclaim=0):
     """Fail before anything is written when the filesystem of OUT_DIR cannot hold the remaining samples."""
+    import torch  # noqa: PLC0415
+
     need = int(bytes_needed(n_tokens, n_layers, hidden, dtype) * float(cfg["extract"]["disk_margin"]))
     size = torch.tensor([], dtype=dtype).element_size()
     what = (f"{n_tokens} tokens x {n_layers} layers x {hidden} hidden x {size} B, margin "
@@ -109,13 +113,15 @@ def _backend_class(cfg):
 
 def storage_dtype(cfg):
     """extract.dtype as a torch dtype; an unknown name is one PipelineError."""
-    return DTYPES[extract_dtype(cfg)]
+    import torch  # noqa: PLC0415
+
+    return getattr(torch, extract_dtype(cfg))
 
 
 def check(cfg):
     """The extract settings that need no step output (the pipeline checks them before it touches anything)."""
     layer_ids(cfg)
-    storage_dtype(cfg)
+    extract_dtype(cfg)
 
 
 def run(cfg):
@@ -199,12 +205,16 @@ def run(cfg):
 def sample_bytes(data):
     """torch.save of DATA into memory: the bytes depend only on the tensors (a file name would be stored in
     the archive), so a redone sample is byte-identical and keeps its recorded sha256."""
+    import torch  # noqa: PLC0415
+
     buf = io.BytesIO()
     torch.save(data, buf)
     return buf.getvalue()
 
 
 def _save(out_dir, finished_path, sample, hidden_states, n_layers, hidden, dtype):
+    import torch  # noqa: PLC0415
+
     dest = out_dir / f"data_{sample['id']}.pt"
     data = {"input_ids": torch.tensor(sample["input_ids"], dtype=torch.long),
             "hidden_states": [h.to(dtype).contiguous() for h in hidden_states],
