@@ -180,9 +180,9 @@ def test_a_fake_metrics_does_not_pass_the_gate(tmp_path, shared_dir):
     cfg_path = tmp_path / "evaluate.json"
     cfg_path.write_text(json.dumps({"run_dir": str(run_dir), "target": str(tmp_path / "target"), "port": port,
                                     "python": str(fake_python), "ready_timeout_s": 20, "max_tokens": 4,
-                                    "prompts": {"heldout": False, "jsonl": str(tmp_path / "p.jsonl")}}))
+                                    "prompt_sets": ["jsonl"], "prompts_jsonl": str(tmp_path / "p.jsonl")}))
     cfg = evaluate.load_config(cfg_path)
-    prompts = [{"prompt": [1, 2, 3], "source": "t:1"}, {"prompt": [4, 5], "source": "t:2"}]
+    prompts = [{"name": "jsonl", "prompts": [{"prompt": [1, 2, 3], "source": "t:1"}, {"prompt": [4, 5], "source": "t:2"}]}]
     box = {}
     thread = squat_when(started, shared_dir, port, box)
     try:

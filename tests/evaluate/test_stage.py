@@ -55,32 +55,53 @@ def run_dir(tmp_path_factory):
 
 
 def test_the_measured_results_and_the_report(run_dir):
+    """results.json as recorded: every setting that moves AL beside the figures, each prompt set on its own with its
+    digest, each concurrency level, AL = 1 + the per-position sum, the margin over the control, the speed-ups; the
+    report says the same."""
     results = json.loads((run_dir / "evaluate" / "results.json").read_text())
     settings = results["settings"]
-    variants = results["variants"]
+    assert results["engine"]["name"] == "vLLM" and results["vllm"].startswith(results["engine"]["distribution"])
+    assert "bonus token" in results["al_formula"]
+    for key in ("num_speculative_tokens", "temperature", "top_p", "chat_mode", "max_tokens", "ignore_eos", "concurrency",
+                "prompt_sets"):
+        assert key in settings, key
+    run_config = json.loads(next(run_dir.parent.glob(f"{run_dir.name}.json")).read_text())
+    assert settings["chat_mode"] == run_config["chat_mode"]  # the run's one chat mode reaches the evaluate stage
+    assert list(results["sets"]) == settings["prompt_sets"]
     expected = {"trained"} | ({"baseline"} if settings["baseline"] else set()) | ({"control"} if settings["control"] else set())
-    assert set(variants) == expected
-    prompts = results["prompts"]
-    assert prompts == settings["prompts"]["max_prompts"]
-    for name, r in variants.items():
-        assert r["requests"] == prompts and r["output_tokens"] == prompts * settings["max_tokens"], name
-        assert (run_dir / "logs" / f"evaluate-serve-{name}.log").exists()
-    trained = variants["trained"]
-    assert trained["acceptance_length"] >= 1.0
-    per_pos = trained["per_position"]
-    assert len(per_pos) == settings["num_speculative_tokens"]
-    assert per_pos == sorted(per_pos, reverse=True)
-    assert trained["acceptance_length"] == pytest.approx(1 + sum(per_pos), abs=1e-3)
-    if settings["control"]:
-        control = variants["control"]["acceptance_length"]
-        assert results["margin_over_control"] == pytest.approx(trained["acceptance_length"] - control, abs=1e-3)
-    if settings["baseline"]:
-        assert results["speedup"]["trained"] > 0
     report = (run_dir / "report" / "report.md").read_text()
-    assert "## Evaluation (vLLM spec decode)" in report
+    assert "## Evaluation (vLLM spec decode)" in report and results["vllm"] in report and results["al_formula"] in report
+    for name, ps in results["sets"].items():
+        assert set(ps["variants"]) == expected, name
+        assert len(ps["digest"]) == 64 and len(ps["rendered_digest"]) == 64
+        assert ps["count"] <= (settings["max_prompts"] or ps["count"])
+        for variant, r in ps["variants"].items():
+            assert sorted(map(int, r["by_concurrency"])) == sorted(settings["concurrency"]), (name, variant)
+            for level, fig in r["by_concurrency"].items():
+                assert fig["requests"] == ps["count"], (name, variant, level)
+                assert 0 < fig["output_tokens"] <= ps["count"] * settings["max_tokens"]
+                if settings["ignore_eos"]:
+                    assert fig["output_tokens"] == ps["count"] * settings["max_tokens"]
+            assert (run_dir / "logs" / f"evaluate-serve-{variant}.log").exists()
+        trained = ps["variants"]["trained"]
+        assert trained["acceptance_length"] >= 1.0
+        per_pos = trained["per_position"]
+        assert len(per_pos) == settings["num_speculative_tokens"]
+        assert per_pos == sorted(per_pos, reverse=True)
+        assert trained["acceptance_length"] == pytest.approx(1 + sum(per_pos), abs=1e-3)
+        if settings["control"]:
+            control = ps["variants"]["control"]["acceptance_length"]
+            assert ps["margin_over_control"] == pytest.approx(trained["acceptance_length"] - control, abs=1e-3)
+        if settings["baseline"]:
+            assert set(ps["speedup"]["trained"]) == {str(c) for c in settings["concurrency"]}
+            assert all(x > 0 for x in ps["speedup"]["trained"].values())
+        assert f"### Prompt set {name}" in report and ps["digest"][:16] in report
     assert (run_dir / "report" / results["plot"]).exists()
-    prepare = json.loads((run_dir / "manifests" / "prepare.json").read_text())
-    assert len(prepare["heldout"]["source_indices"]) >= prompts
+    history = [json.loads(x) for x in (run_dir / "evaluate" / "history.jsonl").read_text().splitlines()]
+    assert history and history[-1]["vllm"] == results["vllm"]
+    if "heldout" in results["sets"]:
+        prepare = json.loads((run_dir / "manifests" / "prepare.json").read_text())
+        assert len(prepare["heldout"]["source_indices"]) >= results["sets"]["heldout"]["count"]
 
 
 def test_rerun_does_not_evaluate_again(run_dir):
@@ -107,7 +128,7 @@ def test_gate_fails_with_one_line_without_measuring(run_dir):
     assert "Fail when the draft misses the gate" in out[at]
     lines = [out[at + 1]]
     assert not out[at + 2].strip() or out[at + 2].startswith(("PLAY RECAP", "==")), out[at:at + 4]
-    assert re.search(r"acceptance length [0-9.]+ of the trained draft is below min_acceptance_length 3.9; "
-                     r"report: \S+report.md", lines[0])
+    assert re.search(r"on \w+, the acceptance length [0-9.]+ of the trained draft is below min_acceptance_length "
+                     r"3.9; report: \S+report.md", lines[0])
     assert "Traceback" not in failed.stdout + failed.stderr
     assert (run_dir / "evaluate" / "results.json").read_bytes() == before

@@ -416,7 +416,7 @@ def phase_tiny_bf16() -> None:
     ev = write_cfg(OUT / "tiny-evaluate.json", {
         "run_dir": str(run), "target": str(target), "python": sys.executable, "server_args": eval_server_args(512),
         "server_env": {"VLLM_CPU_KVCACHE_SPACE": "1"} if DEVICE == "cpu" else {}, "ready_timeout_s": 900,
-        "prompts": {"heldout": True, "max_prompts": 8}, "max_tokens": 64, "concurrency": 1,
+        "prompt_sets": ["heldout"], "max_prompts": 8, "max_tokens": 64, "concurrency": [1],
         "baseline": os.environ.get("CURRENT_PROOF_TINY_BASELINE", "1") == "1", "control": True})
     if DEADLINE and elapsed() > DEADLINE + 120:
         record("tiny-bf16: the evaluate stage", False, f"not run: {elapsed()} s is past the deadline")
@@ -430,8 +430,9 @@ def phase_tiny_bf16() -> None:
     if ok:
         res = json.loads((run / "evaluate" / "results.json").read_text())
         keys = ("acceptance_length", "per_position", "output_tokens_per_s", "server_startup_s")
-        figure("tiny-bf16.evaluate", {v: {k: r.get(k) for k in keys} for v, r in res["variants"].items()}
-               | {"speedup": res["speedup"]})
+        held = res["sets"]["heldout"]
+        figure("tiny-bf16.evaluate", {v: {k: r.get(k) for k in keys} | {"output_tokens_per_s": r["by_concurrency"]["1"][
+            "output_tokens_per_s"]} for v, r in held["variants"].items()} | {"speedup": held["speedup"]})
 
 
 def phase_fused() -> None:

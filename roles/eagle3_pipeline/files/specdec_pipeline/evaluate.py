@@ -5,23 +5,28 @@
 Runs in the evaluation venv (a vLLM new enough to serve the draft), not in the pipeline venv. For each
 variant - `baseline` (no draft), `trained` (the exported draft) and, optionally, `control` (a random-weight
 draft of the same shape) - it starts vLLM's OpenAI server on 127.0.0.1 (serve.VllmServer: a free port, a random
-API key, readiness only when the listening socket is the server's own, timeout, always stopped), sends the same
-prompts (greedy unless a temperature is set; a fixed number of output tokens), and reads the spec-decode
-counters from /metrics before and after: acceptance length
-(AL = 1 + accepted / drafts), per-position acceptance, output tokens/s and the speed-up over the baseline.
-The server's finished-request counter must grow by exactly the number of prompts sent, and the server must
-still own its port after the measurement; otherwise the variant fails in one line.
+API key, readiness only when the listening socket is the server's own, timeout, always stopped) and sends every
+named prompt set (prompt_sets.py: heldout, humaneval, jsonl) at every concurrency level, the same requests to each
+variant: messages rendered in the run's chat mode by the target's own template, greedy unless a temperature is
+set, stopping at end-of-sequence unless ignore_eos, at most max_tokens output tokens. The spec-decode counters from
+/metrics before and after each batch give the acceptance length (AL = 1 + accepted / drafts, the bonus token
+counted) and the per-position acceptance per prompt set; output tokens/s with and without the draft give the
+speed-up per concurrency. The server's finished-request counter must grow by exactly the number of requests sent,
+and the server must still own its port after the measurement; otherwise the variant fails in one line.
 
-Prompts: the held-out conversations prepare wrote (prepare/heldout.jsonl, never trained on) and/or a local
-JSONL of {"prompt": text} | {"prompt_ids": [...]} | {"messages": [...]} records. Results go to
-evaluate/results.json; a manifest (settings, export and prompt digests, vLLM version) makes a re-run with
-nothing changed skip the measurement. The gate (min AL, or "the trained draft beats the control") is
-checked on every run, also when the measurement was skipped. Exit status: 0 ok, 2 bad input or a failed
-server, 4 gate failed (one line on stderr naming AL, the gate and the report).
+Results go to evaluate/results.json with every setting that moves AL (engine and version, draft tokens,
+temperature and top-p, chat mode, prompt sets with their digests, the AL formula, concurrency); a manifest
+(settings, export and prompt digests, vLLM version) makes a re-run with nothing changed skip the measurement.
+When only the vLLM changed since the last measurement, the same prompts and settings are measured again and the
+per-position acceptance is compared with the last recorded run (evaluate_upgrade.py: history per vLLM version).
+The gates (min AL per prompt set, "the trained draft beats the control", a speed-up at a named concurrency, no
+acceptance drop after a vLLM change) are checked on every run, also when the measurement was skipped. Exit
+status: 0 ok, 2 bad input or a failed server, 4 gate failed (one line on stderr naming the figure, the gate and
+the report).
 
-This module holds the stage's configuration and its order; the parts are evaluate_prompts (prompts),
-evaluate_measure (the servers and the counters), evaluate_record (fingerprint, gate, results, manifest) and
-report_evaluate (the report's evaluation section).
+This module holds the stage's configuration and its order; the parts are prompt_sets (prompts), evaluate_measure
+(the servers and the counters), evaluate_record (fingerprint, gates, results, manifest), evaluate_upgrade (history
+and the comparison after a vLLM change) and report_evaluate (the report's evaluation section).
 """
 
 import argparse
@@ -31,18 +36,19 @@ import sys
 import time
 from pathlib import Path
 
-from specdec_pipeline import report_evaluate
+from specdec_pipeline import chatmode, evaluate_upgrade, prompt_sets, report_evaluate
 from specdec_pipeline.config import read_config_file
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.evaluate_measure import build_control_draft, measure
-from specdec_pipeline.evaluate_prompts import load_prompts
-from specdec_pipeline.evaluate_record import fingerprint, gate, is_current, record, results, results_file
+from specdec_pipeline.evaluate_record import fingerprint, gate, is_current, record, results, results_file, summary
 from specdec_pipeline.fsutil import read_json, write_json
 from specdec_pipeline.serve import owned_arg
 
 DEFAULTS = {
     "run_dir": None,             # the pipeline run: reads export/, prepare/heldout.jsonl, manifests/
     "target": None,              # the target model directory vLLM serves
+    "trust_remote_code": False,  # the target's own code may run (its tokenizer, for rendering chat prompts)
+    "chat_mode": None,           # the run's chat mode (thinking | instant); None: the template's own default
     "export_dir": None,          # default <run_dir>/export
     "python": sys.executable,    # the evaluation venv's interpreter (vLLM)
     "host": "127.0.0.1",
@@ -51,61 +57,110 @@ DEFAULTS = {
     "server_env": {},
     "ready_timeout_s": 900,
     "num_speculative_tokens": 3,
-    "prompts": {"heldout": True, "jsonl": "", "max_prompts": 16},
-    "max_tokens": 64,
+    "prompt_sets": ["heldout"],  # named sets (prompt_sets.PROMPT_SETS), each measured and reported on its own
+    "prompts_jsonl": "",         # the local file of the jsonl set
+    "max_prompts": 0,            # per set; 0: all
+    "max_tokens": 256,           # output cap per request
+    "ignore_eos": False,         # true: every request generates exactly max_tokens
     "temperature": 0.0,
-    "ignore_eos": True,
-    "concurrency": 1,
+    "top_p": 1.0,
+    "concurrency": [1],          # requests in flight at once; each level measured
     "warmup_requests": 1,
     "request_timeout_s": 600,
     "baseline": True,
     "control": False,            # also measure a random-weight draft of the same shape (CPU profiles)
     "seed": 0,
-    "min_acceptance_length": None,    # gate: fail below this AL of the trained draft (None: off)
-    "require_beats_control": False,   # gate: fail unless the trained draft's AL beats the control's
+    "min_acceptance_length": None,    # gate: fail when a set's AL of the trained draft is below this (None: off)
+    "require_beats_control": False,   # gate: fail unless the trained draft's AL beats the control's on every set
+    "min_speedup": None,              # gate: fail when the speed-up at speedup_concurrency is below this (None: off)
+    "speedup_concurrency": 1,
+    "upgrade_tolerance": 0.05,        # gate: the largest drop of a position's acceptance after a vLLM change (None: off)
 }
+WHOLE = {"num_speculative_tokens": 1, "max_tokens": 1, "port": 0, "warmup_requests": 0, "max_prompts": 0,
+         "speedup_concurrency": 1, "ready_timeout_s": 1, "request_timeout_s": 1}
+VARS = {"concurrency": "eagle3_evaluate_concurrency", "prompt_sets": "eagle3_evaluate_prompt_sets",
+        "min_speedup": "eagle3_evaluate_min_speedup", "upgrade_tolerance": "eagle3_evaluate_upgrade_tolerance",
+        "top_p": "eagle3_evaluate_top_p", "temperature": "eagle3_evaluate_temperature"}
+
+
+def _number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 # -- configuration ------------------------------------------------------------------------------------------
 def load_config(path):
+    """The evaluation configuration, every setting checked (one PipelineError line naming the key, the value,
+    what was expected and the role variable); nothing is started or written before."""
     path = Path(path)
     raw = read_config_file(path, "evaluation config not found; render it with the eagle3_evaluate role.")
     unknown = sorted(set(raw) - set(DEFAULTS))
     if unknown:
         raise PipelineError(f"{path}: unknown key(s) {unknown}; expected some of {sorted(DEFAULTS)}.")
     cfg = {**DEFAULTS, **raw}
-    cfg["prompts"] = {**DEFAULTS["prompts"], **(raw.get("prompts") or {})}
+
+    def bad(key, expected):
+        var = VARS.get(key, f"eagle3_evaluate_{key}")
+        return PipelineError(f"{path}: {key} is {cfg[key]!r}; expected {expected} ({var}).")
+
     for key in ("run_dir", "target"):
         if not cfg[key]:
             raise PipelineError(f"{path}: {key} is required.")
     cfg["export_dir"] = cfg["export_dir"] or str(Path(cfg["run_dir"]) / "export")
-    checks = [("num_speculative_tokens", int, 1), ("max_tokens", int, 1), ("concurrency", int, 1),
-              ("port", int, 0), ("warmup_requests", int, 0)]
-    for key, kind, low in checks:
-        if not isinstance(cfg[key], kind) or cfg[key] < low:
-            raise PipelineError(f"{path}: {key} is {cfg[key]!r}; expected a whole number >= {low}.")
+    for key, low in WHOLE.items():
+        if not isinstance(cfg[key], int) or isinstance(cfg[key], bool) or cfg[key] < low:
+            raise bad(key, f"a whole number >= {low}")
+    levels = cfg["concurrency"]
+    if isinstance(levels, int) and not isinstance(levels, bool):
+        levels = cfg["concurrency"] = [levels]
+    if (not isinstance(levels, list) or not levels
+            or any(not isinstance(c, int) or isinstance(c, bool) or c < 1 for c in levels) or len(set(levels)) != len(levels)):
+        raise bad("concurrency", "a list of distinct whole numbers >= 1, e.g. [1, 8, 32]")
+    sets = cfg["prompt_sets"]
+    if not isinstance(sets, list) or not sets or len(set(map(str, sets))) != len(sets):
+        raise bad("prompt_sets", f"a non-empty list of distinct names from {list(prompt_sets.PROMPT_SETS)}")
+    for name in sets:
+        if name not in prompt_sets.PROMPT_SETS:
+            raise PipelineError(f"{path}: prompt set {name!r} in prompt_sets; expected names from "
+                                f"{list(prompt_sets.PROMPT_SETS)} (eagle3_evaluate_prompt_sets).")
+    if cfg["prompts_jsonl"] and "jsonl" not in sets:
+        raise PipelineError(f"{path}: prompts_jsonl is {cfg['prompts_jsonl']!r} but 'jsonl' is not in prompt_sets "
+                            f"{sets}; add jsonl to eagle3_evaluate_prompt_sets or clear eagle3_evaluate_prompts_jsonl.")
+    if cfg["chat_mode"] is not None and cfg["chat_mode"] not in chatmode.MODES:
+        raise PipelineError(f"{path}: chat_mode is {cfg['chat_mode']!r}; expected one of {list(chatmode.MODES)} "
+                            "(the pipeline's eagle3_pipeline_chat_mode).")
     if cfg["host"] != "127.0.0.1":
         raise PipelineError(f"{path}: host is {cfg['host']!r}; expected '127.0.0.1' (the evaluation server must not be "
                             "reachable from other machines).")
     if not isinstance(cfg["server_args"], list):
-        raise PipelineError(f"{path}: server_args is {cfg['server_args']!r}; expected a list of strings "
-                            "(eagle3_evaluate_server_args).")
+        raise bad("server_args", "a list of strings")
     owned = owned_arg(cfg["server_args"])
     if owned:
         raise PipelineError(f"{path}: server_args (eagle3_evaluate_server_args) contains {owned!r}; the stage sets the "
                             "server's host (127.0.0.1), port and API key itself - remove it (eagle3_evaluate_port "
                             "chooses a fixed port).")
-    if not isinstance(cfg["temperature"], (int, float)) or cfg["temperature"] < 0:
-        raise PipelineError(f"{path}: temperature is {cfg['temperature']!r}; expected a number >= 0 (0 = greedy).")
-    gate = cfg["min_acceptance_length"]
-    if gate is not None and (not isinstance(gate, (int, float)) or not 1 <= gate <= 1 + cfg["num_speculative_tokens"]):
-        raise PipelineError(f"{path}: min_acceptance_length is {gate!r}; expected null (off) or a number between 1 and "
-                            f"1 + num_speculative_tokens = {1 + cfg['num_speculative_tokens']}.")
+    if not _number(cfg["temperature"]) or cfg["temperature"] < 0:
+        raise bad("temperature", "a number >= 0 (0 = greedy)")
+    if not _number(cfg["top_p"]) or not 0 < cfg["top_p"] <= 1:
+        raise bad("top_p", "a number in (0, 1]")
+    top = 1 + cfg["num_speculative_tokens"]
+    if cfg["min_acceptance_length"] is not None and (not _number(cfg["min_acceptance_length"])
+                                                     or not 1 <= cfg["min_acceptance_length"] <= top):
+        raise bad("min_acceptance_length", f"null (off) or a number between 1 and 1 + num_speculative_tokens = {top}")
+    if cfg["min_speedup"] is not None:
+        if not _number(cfg["min_speedup"]) or cfg["min_speedup"] <= 0:
+            raise bad("min_speedup", "null (off) or a number > 0 (1.2 = 20 % faster than without the draft)")
+        if not cfg["baseline"]:
+            raise PipelineError(f"{path}: min_speedup is {cfg['min_speedup']} but baseline is false; the speed-up needs "
+                                "the target measured without a draft (eagle3_evaluate_baseline: true).")
+        if cfg["speedup_concurrency"] not in levels:
+            raise bad("speedup_concurrency", f"one of the measured concurrency levels {levels} "
+                                             "(eagle3_evaluate_concurrency)")
+    if cfg["upgrade_tolerance"] is not None and (not _number(cfg["upgrade_tolerance"])
+                                                 or not 0 <= cfg["upgrade_tolerance"] <= 1):
+        raise bad("upgrade_tolerance", "null (off) or a number between 0 and 1 (a drop of a position's acceptance rate)")
     if cfg["require_beats_control"] and not cfg["control"]:
         raise PipelineError(f"{path}: require_beats_control is true but control is false; enable the control "
                             "draft or drop that gate.")
-    if not cfg["prompts"]["heldout"] and not cfg["prompts"]["jsonl"]:
-        raise PipelineError(f"{path}: no prompts: set prompts.heldout true and/or prompts.jsonl to a local file.")
     cfg["_path"] = str(path)
     return cfg
 
@@ -114,10 +169,48 @@ def out_path(cfg, *parts):
     return Path(cfg["run_dir"]).joinpath("evaluate", *parts)
 
 
+def load_sets(cfg):
+    """Every prompt set, loaded and rendered as it will be sent: a bad, missing or empty set, or a chat mode the
+    template cannot render, is one line here - before any server starts."""
+    psets = [prompt_sets.load(name, cfg["run_dir"], cfg["max_prompts"], cfg["prompts_jsonl"])
+             for name in cfg["prompt_sets"]]
+    tok = None
+    if prompt_sets.needs_tokenizer(psets):
+        from specdec_pipeline.target import load_tokenizer  # noqa: PLC0415 - transformers only when needed
+
+        tok = load_tokenizer({"target": {"path": cfg["target"], "trust_remote_code": bool(cfg["trust_remote_code"])}})
+        if cfg["chat_mode"]:
+            said = chatmode.problem(cfg["chat_mode"], tok, cfg["target"])
+            if said:
+                raise PipelineError(f"evaluate: {said}")
+    context = server_context(cfg["server_args"])
+    out = [prompt_sets.render(p, tok, cfg["chat_mode"], context, cfg["max_tokens"]) for p in psets]
+    for p in out:
+        if p["too_long"]:
+            print(f"evaluate: prompt set {p['name']}: {len(p['too_long'])} prompts leave no room in --max-model-len "
+                  f"{context} and are left out (e.g. {p['too_long'][0]}); {p['count']} are measured",
+                  file=sys.stderr, flush=True)
+    return out
+
+
+def server_context(server_args):
+    """The --max-model-len the servers get (None when not given: the model's own limit applies)."""
+    args = [str(a) for a in server_args]
+    for n, arg in enumerate(args):
+        value = arg.split("=", 1)[1] if arg.startswith("--max-model-len=") else (
+            args[n + 1] if arg == "--max-model-len" and n + 1 < len(args) else None)
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
 # -- the stage ----------------------------------------------------------------------------------------------
 def run(cfg):
-    prompts = load_prompts(cfg)
-    fp = fingerprint(cfg, prompts)
+    psets = load_sets(cfg)
+    fp = fingerprint(cfg, psets)
     for name, digest in fp.get("remote_code", {}).items():
         print(f"evaluate: remote code: {cfg['target']}/{name} runs in vLLM (--trust-remote-code), sha256 {digest}",
               file=sys.stderr, flush=True)
@@ -128,32 +221,29 @@ def run(cfg):
         print("evaluate: up to date (export, prompts and settings unchanged) - skipped", file=sys.stderr)
         changed = False
     else:
-        print(f"evaluate: measuring ({why})", file=sys.stderr, flush=True)
+        print(f"evaluate: measuring ({why}); prompt sets "
+              + ", ".join(f"{p['name']} ({p['count']})" for p in psets)
+              + f"; concurrency {cfg['concurrency']}", file=sys.stderr, flush=True)
         started = time.time()
         out_path(cfg).mkdir(parents=True, exist_ok=True)
-        variants = {"trained": measure(cfg, "trained", Path(cfg["export_dir"]), prompts)}
+        variants = {"trained": measure(cfg, "trained", Path(cfg["export_dir"]), psets)}
         if cfg["baseline"]:
-            variants["baseline"] = measure(cfg, "baseline", None, prompts)
+            variants["baseline"] = measure(cfg, "baseline", None, psets)
         if cfg["control"]:
             control_dir = build_control_draft(cfg["export_dir"], out_path(cfg, "control-draft"), cfg["seed"])
-            variants["control"] = measure(cfg, "control", control_dir, prompts)
-        res = results(cfg, variants, prompts, fp, started)
+            variants["control"] = measure(cfg, "control", control_dir, psets)
+        res = results(cfg, variants, psets, fp, started)
+        res["upgrade"] = evaluate_upgrade.compare(cfg, res, fp)
         res["plot"] = report_evaluate.plot(res, report_dir)
         changed = True
     failure = gate(cfg, res, report_dir / "report.md")
     res["plot"] = res.get("plot") or report_evaluate.plot(res, report_dir)
+    if changed:
+        evaluate_upgrade.append(cfg, res, fp, evaluate_upgrade.failure(res["upgrade"], cfg["upgrade_tolerance"], "-"))
+    res["history_plot"] = evaluate_upgrade.plot(cfg, report_dir)
     record(cfg, res, fp, failure)
     report_path = report_evaluate.write(cfg["run_dir"])
-    v = res["variants"]
-    summary = {"changed": changed, "skipped": not changed, "report": str(report_path),
-               "trained_al": v["trained"]["acceptance_length"],
-               "control_al": v["control"]["acceptance_length"] if "control" in v else None,
-               "margin_over_control": res["margin_over_control"],
-               "speedup": res["speedup"].get("trained"),
-               "baseline_tokens_per_s": v["baseline"]["output_tokens_per_s"] if "baseline" in v else None,
-               "trained_tokens_per_s": v["trained"]["output_tokens_per_s"],
-               "per_position": v["trained"]["per_position"], "gate": res["gate"], "gate_failed": bool(failure)}
-    return summary, failure
+    return summary(res, changed, report_path, failure), failure
 
 
 def main(argv=None):
@@ -164,15 +254,15 @@ def main(argv=None):
     try:
         cfg = load_config(args.config)
         if args.command == "status":
-            current, why = is_current(cfg, fingerprint(cfg, load_prompts(cfg)))
+            current, why = is_current(cfg, fingerprint(cfg, load_sets(cfg)))
             print(json.dumps({"evaluate": current, "why": why}))
             return 0
-        summary, failure = run(cfg)
+        result, failure = run(cfg)
     except PipelineError as exc:
         print(f"ERROR: {exc}", file=sys.stderr)
         return 2
-    write_json(Path(cfg["run_dir"]) / "evaluate" / "summary.json", summary)
-    print(json.dumps(summary))
+    write_json(Path(cfg["run_dir"]) / "evaluate" / "summary.json", result)
+    print(json.dumps(result))
     if failure:
         print(f"ERROR: {failure}", file=sys.stderr)
         return 4

@@ -1,10 +1,11 @@
 """The evaluate stage's measuring: one vLLM server per variant (serve.VllmServer), the same prompts, the counters.
 
 For a variant it starts vLLM's OpenAI server on 127.0.0.1 (a free port, a random API key, ready only when the
-listening socket is the server's own, timeout, always stopped), sends the prompts (greedy unless a temperature
-is set; a fixed number of output tokens), reads the spec-decode counters from /metrics before and after, and
-checks that the server's finished-request counter grew by exactly the number of prompts sent and that the
-server still owns its port. The control draft is the export's shape with random weights.
+listening socket is the server's own, timeout, always stopped), sends every prompt set at every concurrency level
+(the rendered prompts as /v1/completions requests, the recorded sampling settings), reads the spec-decode counters
+from /metrics before and after each batch, and checks that the server's finished-request counter grew by exactly
+the number of requests sent and that the server still owns its port. The control draft is the export's shape with
+random weights.
 """
 
 import concurrent.futures
@@ -48,27 +49,49 @@ def _metrics(srv):
 
 
 def _request(srv, cfg, prompt):
-    common = {"model": SERVED_NAME, "max_tokens": cfg["max_tokens"], "temperature": float(cfg["temperature"]),
-              "seed": cfg["seed"], "ignore_eos": bool(cfg["ignore_eos"])}
+    """One completion request: the prompt as rendered (token ids or text), the recorded sampling settings; stops at
+    end-of-sequence unless ignore_eos (then exactly max_tokens)."""
+    body = {"model": SERVED_NAME, "prompt": prompt["prompt"], "max_tokens": prompt.get("max_tokens", cfg["max_tokens"]),
+            "temperature": float(cfg["temperature"]), "top_p": float(cfg["top_p"]), "seed": cfg["seed"],
+            "ignore_eos": bool(cfg["ignore_eos"])}
     if cfg["ignore_eos"]:
-        common["min_tokens"] = cfg["max_tokens"]
+        body["min_tokens"] = body["max_tokens"]
     started = time.monotonic()
-    if "messages" in prompt:
-        resp = _post(srv, "/v1/chat/completions", {**common, "messages": prompt["messages"]}, cfg["request_timeout_s"])
-        text = resp["choices"][0]["message"]["content"]
-    else:
-        resp = _post(srv, "/v1/completions", {**common, "prompt": prompt["prompt"]}, cfg["request_timeout_s"])
-        text = resp["choices"][0]["text"]
-    return {"tokens": int(resp["usage"]["completion_tokens"]), "seconds": time.monotonic() - started, "text": text}
+    resp = _post(srv, "/v1/completions", body, cfg["request_timeout_s"])
+    choice = resp["choices"][0]
+    return {"tokens": int(resp["usage"]["completion_tokens"]), "seconds": time.monotonic() - started,
+            "text": choice["text"], "finish_reason": choice.get("finish_reason")}
 
 
-def measure(cfg, variant, draft_dir, prompts):
+def _batch(srv, cfg, prompts, concurrency):
+    """PROMPTS sent with CONCURRENCY requests in flight; (answers in prompt order, wall seconds)."""
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=concurrency) as pool:
+        done = list(pool.map(lambda p: _request(srv, cfg, p), prompts))
+    return done, time.monotonic() - started
+
+
+def _figures(done, wall):
+    tokens = sum(d["tokens"] for d in done)
+    return {"requests": len(done), "output_tokens": tokens, "seconds": round(wall, 3),
+            "output_tokens_per_s": round(tokens / wall, 2) if wall > 0 else None,
+            "mean_request_s": round(sum(d["seconds"] for d in done) / len(done), 4),
+            "stopped_at_eos": sum(d["finish_reason"] == "stop" for d in done),
+            "outputs_sha256": sha256_json([d["text"] for d in done])}
+
+
+def measure(cfg, variant, draft_dir, psets):
+    """One server for VARIANT (DRAFT_DIR: the draft, None for the baseline); every prompt set of PSETS at every
+    concurrency level. Returns {"variant", "draft", "server_startup_s", "sets": {name: figures}} where a set's
+    figures hold one entry per concurrency level (tokens/s, and with a draft its own AL) and, with a draft, the
+    AL and per-position acceptance over all its levels."""
     log_path = Path(cfg["run_dir"]) / "logs" / f"evaluate-serve-{variant}.log"
     # HF_HUB_OFFLINE=1 after server_env: nothing of the target (an auto_map's code included) comes from the hub
     env = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", **cfg["server_env"], **remote_code.OFFLINE_ENV}
     print(f"evaluate: starting vLLM for {variant} (log {log_path})", file=sys.stderr, flush=True)
     port = cfg["port"] or free_port(cfg["host"])
     name = f"vLLM server ({variant})"
+    sets = {}
     with VllmServer(server_argv(cfg, draft_dir, port), host=cfg["host"], port=port, env=env, log_path=log_path,
                     ready_timeout_s=cfg["ready_timeout_s"], ready_path="/health", name=name) as srv:
         who = f"evaluate: the {name}"
@@ -79,36 +102,41 @@ def measure(cfg, variant, draft_dir, prompts):
         def finished():
             return metrics.finished_requests(scrape(), who)
 
-        warmup = prompts[: cfg["warmup_requests"]]
+        warmup = psets[0]["prompts"][: cfg["warmup_requests"]]
         for p in warmup:
             _request(srv, cfg, p)
-        sent_before = metrics.check_finished(finished, 0, len(warmup), who)  # a fresh server: only our warm-up
-        metrics_before = scrape()
-        before = metrics.spec_decode(metrics_before)
-        started = time.monotonic()
-        with concurrent.futures.ThreadPoolExecutor(max_workers=cfg["concurrency"]) as pool:
-            done = list(pool.map(lambda p: _request(srv, cfg, p), prompts))
-        wall = time.monotonic() - started
-        metrics.check_finished(finished, sent_before, len(prompts), who)
-        metrics_after = scrape()
+        counted = metrics.check_finished(finished, 0, len(warmup), who)  # a fresh server: only our warm-up
+        for pset in psets:
+            prompts, levels, total = pset["prompts"], {}, None
+            for level in cfg["concurrency"]:
+                before = metrics.spec_decode(scrape())
+                done, wall = _batch(srv, cfg, prompts, level)
+                counted += metrics.check_finished(finished, counted, len(prompts), who)
+                after_text = scrape()
+                fig = _figures(done, wall)
+                if draft_dir:
+                    after = metrics.spec_decode(after_text)
+                    if not after["present"]:
+                        raise PipelineError(f"evaluate: the {variant} server exported no spec-decode counters on "
+                                            f"/metrics; the draft was not used (see {log_path}).")
+                    counts = metrics.delta(after, before)
+                    fig.update(metrics.summarise(counts))
+                    total = counts if total is None else metrics.add(total, counts)
+                levels[str(level)] = fig
+                with atomic_path(Path(cfg["run_dir"]) / "evaluate" / f"metrics-{variant}.prom") as tmp:
+                    tmp.write_text(after_text)
+            entry = {"by_concurrency": levels}
+            if total is not None:
+                entry.update(metrics.summarise(total))
+            sets[pset["name"]] = entry
+            print(f"evaluate: {variant} on {pset['name']}: "
+                  + ", ".join(f"{levels[str(c)]['output_tokens_per_s']} output tokens/s at concurrency {c}"
+                              for c in cfg["concurrency"])
+                  + (f"; AL {entry['acceptance_length']}" if draft_dir else ""), file=sys.stderr, flush=True)
         srv.check_ours()  # still our server: the counters read above are its own
         startup = srv.startup_s
-    with atomic_path(Path(cfg["run_dir"]) / "evaluate" / f"metrics-{variant}.prom") as tmp:
-        tmp.write_text(metrics_after)
-    tokens = sum(d["tokens"] for d in done)
-    result = {"variant": variant, "draft": str(draft_dir) if draft_dir else None, "requests": len(done),
-              "output_tokens": tokens, "seconds": round(wall, 3), "output_tokens_per_s": round(tokens / wall, 2),
-              "mean_request_s": round(sum(d["seconds"] for d in done) / len(done), 4), "server_startup_s": startup,
-              "outputs_sha256": sha256_json([d["text"] for d in done])}
-    if draft_dir:
-        after = metrics.spec_decode(metrics_after)
-        if not after["present"]:
-            raise PipelineError(f"evaluate: the {variant} server exported no spec-decode counters on /metrics; "
-                                f"the draft was not used (see {log_path}).")
-        result.update(metrics.summarise(metrics.delta(after, before)))
-    print(f"evaluate: {variant}: {result['output_tokens_per_s']} output tokens/s"
-          + (f", AL {result['acceptance_length']}" if draft_dir else ""), file=sys.stderr, flush=True)
-    return result
+    return {"variant": variant, "draft": str(draft_dir) if draft_dir else None, "server_startup_s": startup,
+            "sets": sets}
 
 
 def build_control_draft(export_dir, dest, seed=0):

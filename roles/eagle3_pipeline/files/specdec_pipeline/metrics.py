@@ -73,6 +73,15 @@ def delta(after, before):
     return out
 
 
+def add(one, other):
+    """The sum of two delta counter sets (batches of one measurement)."""
+    out = {c: one[c] + other[c] for c in COUNTERS}
+    out["per_pos"] = {p: one["per_pos"].get(p, 0.0) + other["per_pos"].get(p, 0.0)
+                      for p in sorted(set(one["per_pos"]) | set(other["per_pos"]))}
+    out["present"] = one["present"] or other["present"]
+    return out
+
+
 REQUESTS = "vllm:request_success"
 
 

@@ -7,6 +7,7 @@ plot is a PNG through matplotlib when the venv has it, else an SVG of our own.
 
 from pathlib import Path
 
+from specdec_pipeline import evaluate_upgrade
 from specdec_pipeline.fsutil import atomic_path, read_json
 
 BEGIN, END = "<!-- evaluate -->", "<!-- /evaluate -->"
@@ -15,30 +16,49 @@ BEGIN, END = "<!-- evaluate -->", "<!-- /evaluate -->"
 def report_lines(run_dir):
     """Markdown lines of the evaluation section (empty when the stage has not run); report.py includes them."""
     res = read_json(Path(run_dir) / "evaluate" / "results.json")
-    if not res:
+    if not res or "sets" not in res:
         return []
-    v = res["variants"]
+    s = res["settings"]
     lines = ["## Evaluation (vLLM spec decode)", "",
-             f"{res['prompts']} prompts, {res['settings']['max_tokens']} output tokens each, temperature "
-             f"{res['settings']['temperature']}, {res['settings']['num_speculative_tokens']} draft tokens, "
-             f"{res['vllm']}.", "",
-             "| variant | AL | acceptance rate | per-position acceptance | output tokens/s | speed-up |",
-             "|---|---|---|---|---|---|"]
-    for name in ("baseline", "trained", "control"):
-        r = v.get(name)
-        if not r:
-            continue
-        sp = res["speedup"].get(name)
-        lines.append(f"| {name} | {_dash(r.get('acceptance_length'))} | {_dash(r.get('acceptance_rate'))} | "
-                     f"{', '.join(str(x) for x in r.get('per_position', [])) or '-'} | {r['output_tokens_per_s']} | "
-                     f"{f'{sp:.2f}x' if sp else '-'} |")
-    lines.append("")
-    if res.get("margin_over_control") is not None:
-        lines.append(f"Trained draft over the random-weight control: AL margin {res['margin_over_control']:+.3f}.")
+             "| setting | value |", "|---|---|",
+             f"| engine | {res['engine']['name']} {res['vllm']} |",
+             f"| draft tokens | {s['num_speculative_tokens']} |",
+             f"| sampling | temperature {s['temperature']}, top-p {s['top_p']}, seed {s['seed']} |",
+             f"| chat mode | {s['chat_mode'] or 'the template default'} |",
+             f"| output | at most {s['max_tokens']} tokens, {'EOS ignored' if s['ignore_eos'] else 'stops at EOS'} |",
+             f"| concurrency | {', '.join(map(str, s['concurrency']))} |",
+             f"| AL formula | {res['al_formula']} |", ""]
+    for name, ps in res["sets"].items():
+        left_out = f"; {ps['too_long']} left out: longer than the context" if ps.get("too_long") else ""
+        lines += [f"### Prompt set {name}", "",
+                  f"{ps['count']} prompts from {ps['file']} (digest {ps['digest'][:16]}, requests "
+                  f"{ps['rendered_digest'][:16]}){left_out}.", "",
+                  "| variant | AL | acceptance rate | per-position acceptance | "
+                  + " | ".join(f"tokens/s @{c}" for c in s["concurrency"]) + " |",
+                  "|---|---|---|---|" + "---|" * len(s["concurrency"])]
+        for variant in ("baseline", "trained", "control"):
+            r = ps["variants"].get(variant)
+            if not r:
+                continue
+            rates = " | ".join(str(_dash(r["by_concurrency"][str(c)]["output_tokens_per_s"])) for c in s["concurrency"])
+            lines.append(f"| {variant} | {_dash(r.get('acceptance_length'))} | {_dash(r.get('acceptance_rate'))} | "
+                         f"{', '.join(str(x) for x in r.get('per_position', [])) or '-'} | {rates} |")
+        lines.append("")
+        for variant, by_c in (ps.get("speedup") or {}).items():
+            lines.append(f"Speed-up of the {variant} draft over the target alone: "
+                         + ", ".join(f"{_x(x)} at concurrency {c}" for c, x in by_c.items()) + ".")
+        if ps.get("margin_over_control") is not None:
+            lines.append(f"Trained draft over the random-weight control: AL margin {ps['margin_over_control']:+.3f}.")
+        lines.append("")
+    lines += evaluate_upgrade.report_lines(run_dir, res)
     lines.append(f"Gate: {res['gate']}.")
     if res.get("plot"):
         lines += ["", f"![acceptance per draft position]({res['plot']})"]
     return lines + [""]
+
+
+def _x(value):
+    return "-" if value is None else f"{value:.2f}x"
 
 
 def _dash(value):
@@ -70,8 +90,12 @@ def write(run_dir):
 
 
 def plot(results, dest_dir):
-    """Per-position acceptance of each draft: PNG through matplotlib when the venv has it, else our own SVG."""
-    series = {v: r["per_position"] for v, r in results["variants"].items() if r.get("per_position")}
+    """Per-position acceptance of each draft on each prompt set: PNG through matplotlib when the venv has it, else
+    our own SVG."""
+    series = {f"{v} ({name})" if len(results["sets"]) > 1 else v: r["per_position"]
+              for name, ps in results["sets"].items() for v, r in ps["variants"].items() if r.get("per_position")}
+    dest_dir = Path(dest_dir)
+    dest_dir.mkdir(parents=True, exist_ok=True)
     try:
         import matplotlib  # noqa: PLC0415
 
@@ -83,7 +107,7 @@ def plot(results, dest_dir):
         fig, ax = plt.subplots(figsize=(5, 3))
         width = 0.8 / max(len(series), 1)
         for i, (name, rates) in enumerate(series.items()):
-            ax.bar([p + 1 + i * width for p in range(len(rates))], rates, width=width, label=name)
+            ax.bar([p + 1 + i * width for p in range(len(rates))], [r or 0 for r in rates], width=width, label=name)
         ax.set(title="acceptance per draft position", xlabel="draft position", ylabel="accepted share", ylim=(0, 1))
         ax.legend()
         fig.tight_layout()
@@ -97,7 +121,7 @@ def plot(results, dest_dir):
 
 
 def _svg(series, w=420, h=240, pad=40):
-    colours = ["#1f77b4", "#ff7f0e", "#2ca02c"]
+    colours = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
     npos = max((len(r) for r in series.values()), default=0)
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">',
              f'<text x="{w / 2}" y="16" text-anchor="middle">acceptance per draft position</text>',

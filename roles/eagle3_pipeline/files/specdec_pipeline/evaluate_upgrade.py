@@ -1,0 +1,238 @@
+"""Acceptance after a vLLM upgrade: the history of measurements per vLLM version and the comparison after a change.
+
+Every measurement appends one record to <run>/evaluate/history.jsonl: the vLLM that measured, the export's
+digests, the settings' digest and, per prompt set, the prompts' digest, the trained draft's AL, per-position
+acceptance and number of drafts. When a measurement's vLLM differs from the last good record's (a record whose own
+comparison did not fail), the same prompt sets measured under the same settings are compared position by position:
+a drop of a position's acceptance rate by more than the tolerance (eagle3_evaluate_upgrade_tolerance) fails the
+stage with one line naming both versions and both figures. A failed comparison stays in results.json, so a re-run
+that measures nothing fails the same way until the drop is fixed, the draft retrained, or the tolerance changed;
+later comparisons are made against the last good record, never against the regressed one.
+
+Why per position: AL = 1 + the sum of the per-position rates, so a fall at any position shows there first, and a
+draft that loses its first position (the typical break: a changed aux-layer or vocabulary mapping) is caught even
+when later positions were near zero anyway. The default tolerance, 0.05, is above the noise measured between
+repeated measurements and between concurrency levels of one export (README "Evaluate stage": greedy decoding
+repeats exactly on one vLLM; batch and kernel differences moved a position by at most 0.02 in the runs recorded
+there) and well below the drop of a broken draft (a control draft in place of the trained one: its first position
+falls to about 0).
+"""
+
+import json
+import time
+from pathlib import Path
+
+from specdec_pipeline.fsutil import atomic_path
+
+HISTORY = "history.jsonl"
+
+
+def history_file(run_dir):
+    return Path(run_dir) / "evaluate" / HISTORY
+
+
+def history(run_dir):
+    """The recorded measurements, oldest first; a damaged line (a kill while appending) is skipped."""
+    path = history_file(run_dir)
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and "vllm" in rec:
+            out.append(rec)
+    return out
+
+
+def _sets(res):
+    return {name: {"digest": s["digest"], "rendered_digest": s["rendered_digest"],
+                   "acceptance_length": s["variants"]["trained"].get("acceptance_length"),
+                   "per_position": s["variants"]["trained"].get("per_position") or [],
+                   "drafts": s["variants"]["trained"].get("drafts")}
+            for name, s in res["sets"].items()}
+
+
+# Settings that do not move the trained draft's figures: which other variants are measured, the warm-up.
+NOT_COMPARED = ("baseline", "control", "warmup_requests")
+
+
+def _settings_key(res):
+    """The settings a comparison requires equal (those that move the trained draft's AL)."""
+    return json.dumps({k: v for k, v in res["settings"].items() if k not in NOT_COMPARED}, sort_keys=True)
+
+
+def compare(cfg, res, fp):
+    """The comparison of this measurement with the last good one when the vLLM changed, else None."""
+    good = [r for r in history(cfg["run_dir"]) if not r.get("upgrade_failed")]
+    if not good or good[-1]["vllm"] == fp["vllm"]:
+        return None
+    base = good[-1]
+    out = {"from": base["vllm"], "to": fp["vllm"], "base_finished": base.get("finished"),
+           "export_changed": base.get("export") != fp["export"], "sets": {}, "not_compared": {}}
+    if base.get("settings") != _settings_key(res):
+        out["not_compared"]["*"] = "the measurement settings changed since the last run"
+        return out
+    for name, now in _sets(res).items():
+        old = base.get("sets", {}).get(name)
+        if not old:
+            out["not_compared"][name] = "not measured before"
+            continue
+        if old.get("digest") != now["digest"]:
+            out["not_compared"][name] = "other prompts than before"
+            continue
+        pairs = [[o, n] for o, n in zip(old["per_position"], now["per_position"])]
+        drops = [(o or 0) - (n or 0) for o, n in pairs]
+        worst = max(range(len(drops)), key=lambda i: drops[i]) if drops else None
+        out["sets"][name] = {"acceptance_length": [old["acceptance_length"], now["acceptance_length"]],
+                             "per_position": pairs, "worst_position": None if worst is None else worst + 1,
+                             "worst_drop": round(drops[worst], 4) if drops else 0.0,
+                             "same_requests": old.get("rendered_digest") == now["rendered_digest"]}
+    return out
+
+
+def failure(upgrade, tolerance, report_path):
+    """'' unless a compared prompt set lost more than TOLERANCE at a position (None: the check is off)."""
+    if not upgrade or tolerance is None:
+        return ""
+    for name, c in upgrade["sets"].items():
+        if c["worst_drop"] > tolerance:
+            pos = c["worst_position"]
+            old, new = c["per_position"][pos - 1]
+            also = " (the export changed too)" if upgrade["export_changed"] else ""
+            return (f"evaluate: after the vLLM change {upgrade['from']} -> {upgrade['to']}{also}, the trained draft's "
+                    f"acceptance on {name} fell beyond the tolerance {tolerance:g}: AL {c['acceptance_length'][0]} -> "
+                    f"{c['acceptance_length'][1]}, position {pos} {old} -> {new}; report: {report_path}")
+    return ""
+
+
+def describe(upgrade):
+    """One line about the comparison for the play's output ('' when there was none)."""
+    if not upgrade:
+        return ""
+    parts = [f"{name}: AL {c['acceptance_length'][0]} -> {c['acceptance_length'][1]} (largest drop at a position "
+             f"{c['worst_drop']:+g})" for name, c in upgrade["sets"].items()]
+    parts += [f"{name}: not compared ({why})" for name, why in upgrade["not_compared"].items()]
+    return f"vLLM changed {upgrade['from']} -> {upgrade['to']}: " + "; ".join(parts)
+
+
+def append(cfg, res, fp, upgrade_failed):
+    """Add this measurement to the history (the whole file rewritten atomically); UPGRADE_FAILED marks a measurement
+    whose comparison after a vLLM change failed (never the base of a later comparison)."""
+    path = history_file(cfg["run_dir"])
+    records = history(cfg["run_dir"])
+    records.append({"finished": time.time(), "vllm": fp["vllm"], "export": fp["export"],
+                    "settings": _settings_key(res), "sets": _sets(res), "upgrade_failed": bool(upgrade_failed)})
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records), encoding="utf-8")
+
+
+def by_version(run_dir):
+    """{prompt set: [(vLLM, AL of the trained draft)]} - the last good measurement per vLLM version, in the order
+    the versions were first measured."""
+    latest, order = {}, []
+    for rec in history(run_dir):
+        if rec["vllm"] not in order:
+            order.append(rec["vllm"])
+        if not rec.get("upgrade_failed") or rec["vllm"] not in latest:
+            latest[rec["vllm"]] = rec
+    out = {}
+    for version in order:
+        for name, s in latest[version]["sets"].items():
+            out.setdefault(name, []).append((version, s["acceptance_length"]))
+    return out
+
+
+def plot(cfg, report_dir):
+    """AL of the trained draft per vLLM version and prompt set (PNG with matplotlib, else SVG); None until two
+    versions were measured."""
+    series = by_version(cfg["run_dir"])
+    versions = {v for pts in series.values() for v, _al in pts}
+    if len(versions) < 2:
+        return None
+    report_dir = Path(report_dir)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        import matplotlib  # noqa: PLC0415
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError:
+        plt = None
+    if plt is not None:
+        fig, ax = plt.subplots(figsize=(5, 3))
+        for name, pts in series.items():
+            ax.plot([v for v, _al in pts], [al or 1.0 for _v, al in pts], marker="o", label=name)
+        ax.set(title="acceptance length per vLLM version", xlabel="vLLM", ylabel="AL (trained draft)")
+        ax.legend()
+        fig.tight_layout()
+        with atomic_path(report_dir / "acceptance-by-vllm.png") as tmp:
+            fig.savefig(tmp, format="png")
+        plt.close(fig)
+        return "acceptance-by-vllm.png"
+    with atomic_path(report_dir / "acceptance-by-vllm.svg") as tmp:
+        tmp.write_text(_svg(series))
+    return "acceptance-by-vllm.svg"
+
+
+def _svg(series, w=420, h=240, pad=40):
+    versions = []
+    for pts in series.values():
+        versions += [v for v, _al in pts if v not in versions]
+    top = max([al or 1.0 for pts in series.values() for _v, al in pts] + [2.0])
+    colours = ["#1f77b4", "#ff7f0e", "#2ca02c"]
+    step = (w - pad - 30) / max(len(versions) - 1, 1)
+
+    def xy(version, al):
+        return pad + 10 + versions.index(version) * step, h - pad - (h - pad - 24) * ((al or 1.0) - 1) / (top - 1)
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">',
+             f'<text x="{w / 2}" y="16" text-anchor="middle">acceptance length per vLLM version</text>',
+             f'<line x1="{pad}" y1="{h - pad}" x2="{w - 10}" y2="{h - pad}" stroke="black"/>',
+             f'<line x1="{pad}" y1="{h - pad}" x2="{pad}" y2="24" stroke="black"/>',
+             f'<text x="{pad - 4}" y="28" text-anchor="end">{top:g}</text>',
+             f'<text x="{pad - 4}" y="{h - pad}" text-anchor="end">1</text>']
+    for s, (name, pts) in enumerate(series.items()):
+        colour = colours[s % len(colours)]
+        coords = [xy(v, al) for v, al in pts]
+        parts.append(f'<polyline fill="none" stroke="{colour}" points="'
+                     + " ".join(f"{x:.1f},{y:.1f}" for x, y in coords) + '"/>')
+        parts += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}"><title>{name} {v}: {al}</title></circle>'
+                  for (x, y), (v, al) in zip(coords, pts)]
+        parts.append(f'<text x="{w - 100}" y="{37 + 14 * s}" fill="{colour}">{name}</text>')
+    for v in versions:
+        parts.append(f'<text x="{xy(v, 1)[0]:.1f}" y="{h - pad + 14}" text-anchor="middle">{v}</text>')
+    return "\n".join(parts) + "</svg>\n"
+
+
+def report_lines(run_dir, res):
+    """Markdown lines about upgrades: the comparison of the last measurement and the AL per vLLM version."""
+    lines = []
+    up = res.get("upgrade")
+    if up:
+        lines += ["### After the vLLM change", "",
+                  f"{up['from']} -> {up['to']}" + (" (the export changed too)" if up["export_changed"] else "") + ".", "",
+                  "| prompt set | AL before | AL after | per position before -> after | largest drop |",
+                  "|---|---|---|---|---|"]
+        for name, c in up["sets"].items():
+            pos = ", ".join(f"{o} -> {n}" for o, n in c["per_position"])
+            lines.append(f"| {name} | {c['acceptance_length'][0]} | {c['acceptance_length'][1]} | {pos} | "
+                         f"{c['worst_drop']:+g} (position {c['worst_position']}) |")
+        lines += [f"| {name} | - | - | not compared: {why} | - |" for name, why in up["not_compared"].items()]
+        lines.append("")
+    table = by_version(run_dir)
+    if table:
+        versions = []
+        for pts in table.values():
+            versions += [v for v, _al in pts if v not in versions]
+        lines += ["### Acceptance length per vLLM version", "", "| prompt set | " + " | ".join(versions) + " |",
+                  "|---" * (1 + len(versions)) + "|"]
+        for name, pts in table.items():
+            got = dict(pts)
+            lines.append(f"| {name} | " + " | ".join(str(got.get(v, "-")) for v in versions) + " |")
+        lines.append("")
+        if res.get("history_plot"):
+            lines += [f"![acceptance length per vLLM version]({res['history_plot']})", ""]
+    return lines
