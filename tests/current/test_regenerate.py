@@ -136,6 +136,32 @@ def test_bad_input_is_one_line_before_any_server_starts(tmp_path, dataset, over,
     assert not (run_dir / "manifests").exists()
 
 
+@pytest.mark.parametrize(("sets", "prompts", "over", "says"), [
+    (["jsonl"], "not JSONL\n", {}, "prompts.jsonl:1 is not JSON"),
+    (["jsonl"], "\n", {}, "prompts.jsonl holds no prompts; it cannot be measured"),
+    (["jsonl"], '{"messages": [{"role": "user", "content": "Hi"}]}\n', {"chat_mode": "thinking"},
+     "evaluate: chat_mode 'thinking': the chat template of"),
+    (["heldout"], None, {}, "prompt set heldout: "),
+], ids=["not-jsonl", "empty", "unsupported-chat-mode", "no-heldout"])
+def test_evaluate_refuses_bad_prompts_in_one_line_before_any_server_starts(tmp_path, sets, prompts, over, says):
+    """The evaluate stage's own bad input (its prompt sets, the run's chat mode against the target's template)."""
+    path = tmp_path / "prompts.jsonl"
+    if prompts is not None:
+        path.write_text(prompts)
+    run_dir = tmp_path / "run"
+    cfg = tmp_path / "evaluate.json"
+    cfg.write_text(json.dumps({"run_dir": str(run_dir), "target": str(TARGET), "python": str(PY), "prompt_sets": sets,
+                               "prompts_jsonl": str(path) if "jsonl" in sets else "", **over}))
+    env = dict(os.environ, PYTHONPATH=str(FILES), PYTHONDONTWRITEBYTECODE="1")
+    proc = subprocess.run([str(PY), "-m", "specdec_pipeline.evaluate", str(cfg), "run"], env=env, text=True,
+                          capture_output=True, check=False, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    err = error_lines(proc.stderr)
+    assert len(err) == 1 and says in err[0], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert not run_dir.exists()  # no server log, no results: nothing was started or written
+
+
 def test_sigkill_during_regenerate_resumes_exactly(tmp_path):
     cfg = config(tmp_path)
     run_dir = tmp_path / "run"
@@ -186,28 +212,37 @@ def test_changed_temperature_regenerates_beside_the_old_answers(tmp_path):
     assert json.loads((run_dir / "regenerate" / "state.json").read_text())["config"] == now["config_hash"]
 
 
-def test_chat_mode_reaches_regenerate_prepare_and_the_heldout_prompts(tmp_path):
+def test_chat_mode_reaches_regenerate_prepare_the_heldout_prompts_and_the_evaluate_stage(tmp_path):
     """Kimi's template: the generation prompt ends in <think> (thinking) or <think></think> (instant). The prompt
-    regenerate sends, prepare's loss mask and the held-out prompt the evaluate stage serves all follow the mode."""
+    regenerate sends, prepare's loss mask, the held-out prompt the evaluate stage serves and the prompts the evaluate
+    stage renders itself (a chat-message prompt set, here a local JSONL) all follow the mode."""
+    target = tmp_path / "kimi-tokenizer"
+    (tmp_path / "prompts.jsonl").write_text('{"messages": [{"role": "user", "content": "Hi"}]}\n')
     out = venv_python(
-        "import json, sys; from specdec_pipeline import mini_kimi, prepare, regenerate\n"
+        "import json, sys; from pathlib import Path; from specdec_pipeline import chatmode, evaluate, mini_kimi, prepare\n"
         "tok, dummy = mini_kimi._tokenizer(['Hello there, how are you doing today?'] * 20, 300)\n"
+        f"tok.save_pretrained({str(target)!r})\n"
         "convs = [[{'role': 'user', 'content': 'Hi'}, {'role': 'assistant', 'content': 'Yes', "
         "'reasoning_content': 'Think'}]]\n"
         "res = {}\n"
         "for mode in ('thinking', 'instant'):\n"
-        "    sent = tok.decode(regenerate.turn_prompt(tok, convs[0][:1], mode))\n"
+        "    sent = tok.decode(chatmode.prompt_ids(tok, convs[0][:1], mode))\n"
         "    ids, mask = prepare.tokenize_conversation(tok, convs[0], 256, mode)\n"
         "    trained = tok.decode([i for i, m in zip(ids, mask) if m])\n"
-        f"    rows = prepare._write_heldout(tok, convs, [0], 256, __import__('pathlib').Path({str(tmp_path)!r}) / "
+        f"    rows = prepare._write_heldout(tok, convs, [0], 256, Path({str(tmp_path)!r}) / "
         "(mode + '.jsonl'), mode)\n"
-        "    res[mode] = {'regenerate': sent, 'prepare': trained, 'heldout': tok.decode(rows[0]['prompt_ids'])}\n"
+        f"    cfg = {{**evaluate.DEFAULTS, 'run_dir': {str(tmp_path)!r}, 'target': {str(target)!r}, 'chat_mode': mode,\n"
+        f"           'prompt_sets': ['jsonl'], 'prompts_jsonl': {str(tmp_path / 'prompts.jsonl')!r}}}\n"
+        "    served = tok.decode(evaluate.load_sets(cfg)[0]['prompts'][0]['prompt'])\n"
+        "    res[mode] = {'regenerate': sent, 'prepare': trained, 'heldout': tok.decode(rows[0]['prompt_ids']),\n"
+        "                 'evaluate': served}\n"
         "print(json.dumps(res))")
     res = json.loads(out.strip().splitlines()[-1])
     think, instant = res["thinking"], res["instant"]
     assert think["regenerate"].endswith("<|im_middle|><think>"), think
     assert instant["regenerate"].endswith("<|im_middle|><think></think>"), instant
     assert think["heldout"] == think["regenerate"] and instant["heldout"] == instant["regenerate"]
+    assert think["evaluate"] == think["regenerate"] and instant["evaluate"] == instant["regenerate"]
     assert think["prepare"] == "Think</think>Yes<|im_end|>", think  # the reasoning span is trained on
     assert instant["prepare"] == "Yes<|im_end|>", instant
 
@@ -218,7 +253,7 @@ def test_prepare_trains_on_complete_regenerated_replies_only(tmp_path):
     cfg = config(tmp_path, dataset={"source": str(FILES / "tiny_conversations.jsonl"), "max_samples": 4,
                                     "heldout": 2}, min_mask_share=0.0)
     out = venv_python(
-        "import json; from specdec_pipeline import config, prepare\n"
+        "import json; from specdec_pipeline import config, prepare, target\n"
         f"cfg = config.load({str(cfg)!r})\n"
         "convs = prepare.load_conversations(cfg['dataset']['source'])\n"
         "order = prepare.select(cfg, convs)['order']\n"
@@ -229,7 +264,7 @@ def test_prepare_trains_on_complete_regenerated_replies_only(tmp_path):
         "(reg / 'responses.jsonl').write_text(''.join(json.dumps(r) + '\\n' for r in rows))\n"
         "man = prepare.run(cfg)\n"
         "samples = [json.loads(x) for x in open(config.run_path(cfg, 'prepare', 'samples.jsonl'))]\n"
-        "tok = prepare.load_tokenizer(cfg)\n"
+        "tok = target.load_tokenizer(cfg)\n"
         "print(json.dumps({'order': order, 'counts': man['counts'], 'samples': [[s['source_index'], tok.decode("
         "[t for t, m in zip(s['input_ids'], s['loss_mask']) if m])] for s in samples], 'heldout': [json.loads(x)"
         "['reference'] for x in open(config.run_path(cfg, 'prepare', 'heldout.jsonl'))]}))")
@@ -240,6 +275,46 @@ def test_prepare_trains_on_complete_regenerated_replies_only(tmp_path):
         assert "REGENERATED" in trained and "<|user|>" not in trained, trained
     assert res["counts"]["dropped_no_complete_regenerated_reply"] == 1 and res["counts"]["regenerated"] is True
     assert all("REGENERATED" not in ref for ref in res["heldout"]) and len(res["heldout"]) == 2
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["cut-replies-dropped", "cut-replies-kept"])
+def test_a_reply_cut_off_at_the_limit_is_trained_on_only_when_asked_and_never_past_the_cut(tmp_path, keep):
+    """A reply regenerate cut off at max_tokens is stored beside its record (cut_turn). By default prepare drops the
+    conversation; with regenerate.keep_truncated it trains on the reply up to the cut: the sample ends where the
+    reply's text ends, without the end of turn (<|end|>) the template would add and the target never wrote."""
+    regen = {**REGEN, "keep_truncated": keep}
+    cfg = config(tmp_path, regenerate=regen, dataset={"source": str(FILES / "tiny_conversations.jsonl"),
+                                                      "max_samples": 3}, min_mask_share=0.0)
+    out = venv_python(
+        "import json; from specdec_pipeline import config, prepare, target\n"
+        f"cfg = config.load({str(cfg)!r})\n"
+        "convs = prepare.load_conversations(cfg['dataset']['source'])\n"
+        "order = prepare.select(cfg, convs)['order']\n"
+        "user = lambda i: [m for m in convs[i] if m['role'] == 'user'][:1]\n"
+        "rows = [{'source_index': i, 'usable': n == 0, 'problem': '' if n == 0 else 'length', 'turns': [],\n"
+        "         'messages': user(i) + [{'role': 'assistant', 'content': 'WHOLE reply'}] if n == 0 else []}\n"
+        "        for n, i in enumerate(order)]\n"
+        "rows[1]['cut_turn'] = user(order[1]) + [{'role': 'assistant', 'content': 'CUT reply that went on', "
+        "'truncated': True}]\n"
+        "reg = config.run_path(cfg, 'regenerate'); reg.mkdir(parents=True)\n"
+        "(reg / 'responses.jsonl').write_text(''.join(json.dumps(r) + '\\n' for r in rows))\n"
+        "man = prepare.run(cfg)\n"
+        "samples = [json.loads(x) for x in open(config.run_path(cfg, 'prepare', 'samples.jsonl'))]\n"
+        "tok = target.load_tokenizer(cfg)\n"
+        "print(json.dumps({'order': order, 'counts': man['counts'], 'samples': [[s['source_index'], tok.decode("
+        "s['input_ids']), tok.decode([t for t, m in zip(s['input_ids'], s['loss_mask']) if m])] for s in samples]}))")
+    res = json.loads(out.strip().splitlines()[-1])
+    order, samples, counts = res["order"], res["samples"], res["counts"]
+    # A complete reply is trained on with its end of turn.
+    assert samples[0][0] == order[0] and samples[0][2].startswith("WHOLE reply<|end|>"), samples[0]
+    if not keep:
+        assert [s[0] for s in samples] == [order[0]]
+        assert counts["trained_on_cut_replies"] == 0 and counts["dropped_no_complete_regenerated_reply"] == 2
+        return
+    assert [s[0] for s in samples] == order[:2]
+    dummy, text, trained = samples[1]
+    assert text.endswith("CUT reply that went on") and trained.strip() == "CUT reply that went on", samples[1]
+    assert counts["trained_on_cut_replies"] == 1 and counts["dropped_no_complete_regenerated_reply"] == 1
 
 
 def test_regenerate_off_leaves_an_earlier_run_current(tmp_path):

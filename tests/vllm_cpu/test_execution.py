@@ -234,3 +234,27 @@ def test_sigkill_during_vllm_extraction_then_resume(tmp_path, vllm_python, overl
         assert a["input_ids"].tolist() == b["input_ids"].tolist() and a["loss_mask"].tolist() == b["loss_mask"].tolist()
         for ha, hb in zip(a["hidden_states"], b["hidden_states"]):
             assert (ha.float() - hb.float()).abs().max() <= MAX_REL * hb.float().abs().max()
+
+
+def test_regenerate_runs_on_the_patched_tracks_vllm(tmp_path, vllm_python, target):
+    """The regenerate step on the patched track: the ML venv's vLLM (here the 0.16.0 CPU build; on the Kimi host the
+    production nightly, whose OpenAI server has the same completions API with return_token_ids) serves the target,
+    answers every training prompt, and the manifest records engine, version and sampling."""
+    cfg = tmp_path / "run.json"
+    run_dir = tmp_path / "run"
+    cfg.write_text(json.dumps({
+        "run_dir": str(run_dir), "track": "patched", "target": {"path": str(target)},
+        "dataset": {"source": str(DATASET), "max_samples": 4}, "seq_length": SEQ,
+        "regenerate": {"enabled": True, "max_tokens": 8, "concurrency": 2, "keep_truncated": True},
+        "current": {"device": "cpu", "enforce_eager": True, "cpu_kvcache_gib": 1}}))
+    proc = subprocess.run([vllm_python(V016), "-m", "specdec_pipeline", str(cfg), "run", "--until", "regenerate"],
+                          env=_env([FILES]), capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    man = json.loads((run_dir / "manifests" / "regenerate.json").read_text())
+    rec = man["regenerate"]
+    assert rec["engine"] == "vllm" and rec["vllm"] == V016.split("==")[1], rec
+    assert rec["vllm_distribution"] == V016.split("==")[0] and rec["sampling"]["max_tokens"] == 8
+    rows = [json.loads(x) for x in (run_dir / "regenerate" / "responses.jsonl").read_text().splitlines()]
+    assert len(rows) == man["counts"]["conversations"] == 4
+    assert all(t["finish_reason"] in ("stop", "length") for r in rows for t in r["turns"]), rows
+    assert all(r["usable"] or r.get("cut_turn") for r in rows)  # each has a complete or a kept cut reply

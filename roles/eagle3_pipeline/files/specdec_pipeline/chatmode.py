@@ -66,6 +66,12 @@ def render(tok, messages, mode=None, add_generation_prompt=False):
     return _apply(tok, messages, add_generation_prompt, kwargs)
 
 
+def prompt_ids(tok, messages, mode):
+    """The token ids of MESSAGES rendered in chat MODE with the generation prompt: what regenerate sends for the next
+    reply and what the evaluate stage sends for a prompt given as messages."""
+    return tok.encode(render(tok, messages, mode, add_generation_prompt=True), add_special_tokens=False)
+
+
 def split_reasoning(text, mode):
     """(reasoning, content) of a generated reply. In thinking mode the prompt ended in the opening tag, so the
     reply is reasoning, the closing tag, then the content; a reply without the closing tag has no content."""

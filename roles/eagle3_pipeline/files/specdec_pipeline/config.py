@@ -24,7 +24,8 @@ DEFAULTS = {
     "chat_mode": "instant",          # thinking | instant: how regenerate, prepare and held-out prompts render
     # regenerate (regenerate.py): the target answers the training prompts itself; the server is the extraction's.
     "regenerate": {"enabled": False, "temperature": 0.0, "top_p": 1.0, "max_tokens": 1024, "seed": 0,
-                   "concurrency": 8},
+                   "concurrency": 8,
+                   "keep_truncated": False},  # prepare trains on a reply cut off at max_tokens, up to the cut
     "min_mask_share": 0.9,           # fail prepare when fewer samples have a non-empty loss mask
     "extract": {
         "backend": "transformers",   # transformers | vllm
@@ -67,7 +68,7 @@ DEFAULTS = {
 STEP_KEYS = {
     "regenerate": ["target", "dataset", "seq_length", "chat_mode", "regenerate.enabled", "regenerate.temperature",
                    "regenerate.top_p", "regenerate.max_tokens", "regenerate.seed", "current.max_model_len"],
-    "prepare": ["target", "dataset", "seq_length", "min_mask_share", "chat_mode"],
+    "prepare": ["target", "dataset", "seq_length", "min_mask_share", "chat_mode", "regenerate.keep_truncated"],
     "extract": ["target", "extract.backend", "extract.layer_ids", "extract.dtype"],
     "vocab": ["target", "vocab"],
     "train": ["target", "train.epochs", "train.lr", "train.total_seq_len", "train.num_layers", "train.ttt_steps",

@@ -19,30 +19,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
-from specdec_pipeline import chatmode, manifest, regenerate, remote_code
+from specdec_pipeline import chatmode, manifest, regenerate
 from specdec_pipeline.config import run_path
 from specdec_pipeline.datasets_io import load_conversations
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.fsutil import atomic_path, write_json
 from specdec_pipeline.progress import Progress, log
-
-
-def load_tokenizer(cfg):
-    from transformers import AutoTokenizer  # noqa: PLC0415
-
-    path = cfg["target"]["path"]
-    try:
-        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg["target"]["trust_remote_code"],
-                                            use_fast=cfg["target"].get("use_fast", True))
-    except Exception as exc:
-        raise PipelineError(f"{path}: cannot load the tokenizer ({' '.join(str(exc).split())}); check target.path"
-                            f"{remote_code.hint(path, cfg['target']['trust_remote_code'])}.") from None
-    if not getattr(tok, "chat_template", None):
-        raise PipelineError(f"{path}: the tokenizer has no chat_template; use the target's own tokenizer "
-                            "files (tokenizer_config.json with chat_template).")
-    return tok
+from specdec_pipeline.target import load_tokenizer
 
 
 def _encode(tok, text):
@@ -64,11 +47,14 @@ def _boundary(tok, full_text, full_ids, char_pos):
 
 def tokenize_conversation(tok, messages, seq_length, mode=None):
     """Return (input_ids, loss_mask) for one conversation rendered in chat MODE (None: the template's default);
-    loss_mask is 1 on assistant reply tokens (in thinking mode the last reply's reasoning included)."""
+    loss_mask is 1 on assistant reply tokens (in thinking mode the last reply's reasoning included). A last reply
+    marked truncated (cut off at regenerate's length limit) ends the sample where its text ends: the end of turn
+    the template would add was never written by the target and is neither input nor trained on."""
     messages = chatmode.for_training(messages, mode)
     full = _render(tok, messages, mode=mode)
     ids = _encode(tok, full)
     mask = [0] * len(ids)
+    cut_at = None
     for i, msg in enumerate(messages):
         if msg["role"] != "assistant":
             continue
@@ -77,9 +63,20 @@ def tokenize_conversation(tok, messages, seq_length, mode=None):
         if not full.startswith(after) or not after.startswith(before):
             raise ValueError("the chat template does not render conversations prefix-stably")
         start = _boundary(tok, full, ids, len(before))
-        end = _boundary(tok, full, ids, len(after))
+        end_char = len(after)
+        if msg.get("truncated") and i == len(messages) - 1:
+            text = msg.get("content") or msg.get("reasoning_content") or ""
+            at = after.rfind(text, len(before)) if text else -1
+            if at < 0:
+                raise ValueError("the cut reply is not in its rendering")
+            end_char = at + len(text)
+        end = _boundary(tok, full, ids, end_char)
         for t in range(start, end):
             mask[t] = 1
+        if end_char != len(after):
+            cut_at = end
+    if cut_at is not None:
+        ids, mask = ids[:cut_at], mask[:cut_at]
     return ids[:seq_length], mask[:seq_length]
 
 
@@ -119,7 +116,7 @@ def run(cfg):
     convs = load_conversations(cfg["dataset"]["source"], cfg["dataset"]["split"])
     chosen = select(cfg, convs)
     order, heldout_idx, contaminated = chosen["order"], chosen["heldout"], chosen["contaminated"]
-    convs, unanswered = regenerate.conversations_for_training(cfg, convs, order)
+    convs, unanswered, cut = regenerate.conversations_for_training(cfg, convs, order)
     order = [i for i in order if i not in set(unanswered)]
     out_dir.mkdir(parents=True, exist_ok=True)
     prog = Progress(run_path(cfg, "progress.json"), "prepare", len(order), unit="conversations")
@@ -159,7 +156,12 @@ def run(cfg):
               "tokens": sum(lengths), "masked_tokens": sum(sum(s["loss_mask"]) for s in samples),
               "heldout": len(heldout), "dropped_same_prompt_as_heldout": len(contaminated),
               "chat_mode": mode, "regenerated": bool(cfg["regenerate"]["enabled"]),
-              "dropped_no_complete_regenerated_reply": len(unanswered)}
+              "dropped_no_complete_regenerated_reply": len(unanswered),
+              "trained_on_cut_replies": sum(s["source_index"] in set(cut) for s in samples)}
+    if counts["trained_on_cut_replies"]:
+        log.warning("prepare: %d samples end in a regenerated reply cut off at the length limit, trained on up to the "
+                    "cut (regenerate.keep_truncated: eagle3_pipeline_regenerate_keep_truncated)",
+                    counts["trained_on_cut_replies"])
     return manifest.write(cfg, "prepare", [samples_path, freq_path, out_dir / "lengths.json", heldout_path], counts,
                           started, extra={"heldout": {"file": "prepare/heldout.jsonl",
                                                       "source_indices": sorted(r["source_index"] for r in heldout)}})
@@ -202,6 +204,7 @@ def _token_freq(samples, dest):
     The function only iterates items with input_ids/loss_mask tensors, so plain dicts are handed to it
     (a datasets.Dataset with torch formatting would drag in torchvision's video reader on some hosts).
     """
+    import torch  # noqa: PLC0415 - only this writer needs it (the settings check and validate stay light)
     from speculators.train.vocab_mapping import save_token_frequency_distribution  # noqa: PLC0415
 
     items = [{"input_ids": torch.tensor(s["input_ids"], dtype=torch.long),

@@ -8,8 +8,11 @@ replies as history, is rendered in the run's chat mode (chatmode.render, the tem
 with the recorded sampling settings; stop at EOS, at most regenerate.max_tokens (and what the context leaves).
 
 Every reply is stored with its finish reason. A reply cut off at the length limit ("length") or without content is
-counted and reported, and the conversation ends before it: it is never trained on (prepare keeps the complete
-turns before it; a conversation with none is dropped).
+counted and reported, and the conversation ends before it: by default it is never trained on (prepare keeps the
+complete turns before it; a conversation with none is dropped). The cut reply is stored beside the record
+("cut_turn"); with regenerate.keep_truncated (eagle3_pipeline_regenerate_keep_truncated) prepare trains on it up to
+the cut - never on an end of turn the target did not write - and counts it (a setting of prepare: switching it
+regenerates nothing).
 
 Resume: one JSON file per conversation (conversations/c_<source index>.json, written atomically) and the ledger of
 finished work (finished.jsonl, ledger.py) - a SIGKILL loses only the conversations in flight, a re-run answers
@@ -24,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from specdec_pipeline import chatmode, config, ledger, manifest, versions
+from specdec_pipeline.target import load_tokenizer
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.fsutil import (
     atomic_path,
@@ -46,9 +50,10 @@ TRUNCATED, EMPTY = "length", "empty"
 def settings(cfg):
     """The regenerate settings, checked: {enabled, temperature, top_p, max_tokens, seed, concurrency}."""
     reg = cfg["regenerate"]
-    if not isinstance(reg["enabled"], bool):
-        raise PipelineError(f"regenerate.enabled is {reg['enabled']!r}; expected true or false "
-                            "(eagle3_pipeline_regenerate).")
+    for key, var in (("enabled", "eagle3_pipeline_regenerate"),
+                     ("keep_truncated", "eagle3_pipeline_regenerate_keep_truncated")):
+        if not isinstance(reg[key], bool):
+            raise PipelineError(f"regenerate.{key} is {reg[key]!r}; expected true or false ({var}).")
     checks = (("temperature", float, 0.0, None, "eagle3_pipeline_regenerate_temperature"),
               ("top_p", float, 1e-9, 1.0, "eagle3_pipeline_regenerate_top_p"),
               ("max_tokens", int, 1, None, "eagle3_pipeline_regenerate_max_tokens"),
@@ -100,8 +105,6 @@ def _plan(cfg):
     """Everything regenerate decides before it writes, reading only: settings, chat mode against the template,
     the prompts (a bad or empty dataset is one line here, before any server starts), where it builds, what is
     left."""
-    from specdec_pipeline.prepare import load_tokenizer  # noqa: PLC0415
-
     settings(cfg)
     if not cfg["regenerate"]["enabled"]:
         return {"enabled": False}
@@ -167,12 +170,6 @@ def stop_ids(tok, cfg):
     return ids
 
 
-def turn_prompt(tok, history, mode):
-    """The token ids regenerate sends for the next reply after HISTORY: rendered in chat MODE with the generation
-    prompt (the same rendering prepare and the held-out prompts use)."""
-    return tok.encode(chatmode.render(tok, history, mode, add_generation_prompt=True), add_special_tokens=False)
-
-
 def answer_conversation(post, tok, cfg, index, messages, stops):
     """The conversation MESSAGES answered turn by turn through POST(body) -> the server's JSON answer.
 
@@ -180,7 +177,7 @@ def answer_conversation(post, tok, cfg, index, messages, stops):
     with its finish reason and token count, and the problem that ended it early ('length', 'empty' or '')."""
     mode, samp = cfg["chat_mode"], sampling(cfg)
     limit = config.max_model_len(cfg, cfg["current"]["max_model_len"])
-    history, turns, problem = [], [], ""
+    history, turns, problem, cut = [], [], "", []
     user_turns = [n for n, m in enumerate(messages) if m["role"] == "user"]
     for n, msg in enumerate(messages):
         if msg["role"] == "assistant":
@@ -188,7 +185,7 @@ def answer_conversation(post, tok, cfg, index, messages, stops):
         history.append({"role": msg["role"], "content": msg["content"]})
         if msg["role"] != "user":
             continue
-        prompt = turn_prompt(tok, history, mode)
+        prompt = chatmode.prompt_ids(tok, history, mode)
         room = limit - len(prompt)
         if room < 1:
             break  # the history fills the context: prepare cuts there anyway (seq_length)
@@ -210,6 +207,11 @@ def answer_conversation(post, tok, cfg, index, messages, stops):
             problem = EMPTY
         if problem:
             turn["problem"] = problem
+            if problem == TRUNCATED and (content or reasoning):  # kept aside: prepare may train on it up to the cut
+                reply = {"role": "assistant", "content": content, "truncated": True}
+                if reasoning:
+                    reply["reasoning_content"] = reasoning
+                cut = [history[-1], reply]
             history.pop()  # the unanswered user turn is not kept
             break
         reply = {"role": "assistant", "content": content}
@@ -219,8 +221,11 @@ def answer_conversation(post, tok, cfg, index, messages, stops):
     while history and history[-1]["role"] != "assistant":
         history.pop()
     usable = any(m["role"] == "assistant" for m in history)
-    return {"source_index": index, "messages": history if usable else [], "turns": turns, "problem": problem,
-            "usable": usable}
+    rec = {"source_index": index, "messages": history if usable else [], "turns": turns, "problem": problem,
+           "usable": usable}
+    if cut:
+        rec["cut_turn"] = cut
+    return rec
 
 
 def _post(srv, timeout):
@@ -310,10 +315,15 @@ def _finish(cfg, plan, work, final, started):
               "truncated": sum(t.get("problem") == TRUNCATED for t in turns),
               "empty": sum(t.get("problem") == EMPTY for t in turns),
               "completion_tokens": sum(t["completion_tokens"] for t in turns)}
-    if counts["truncated"] or counts["empty"]:
+    if (counts["truncated"] or counts["empty"]) and cfg["regenerate"].get("keep_truncated"):
+        log.warning("regenerate: %d replies cut off at the length limit (prepare trains on them up to the cut: "
+                    "eagle3_pipeline_regenerate_keep_truncated) and %d without content (not kept)", counts["truncated"],
+                    counts["empty"])
+    elif counts["truncated"] or counts["empty"]:
         log.warning("regenerate: %d replies cut off at the length limit and %d without content were not kept (the "
                     "conversation ends before them; %d conversations without a complete reply are dropped) - raise "
-                    "eagle3_pipeline_regenerate_max_tokens if many are cut off", counts["truncated"], counts["empty"],
+                    "eagle3_pipeline_regenerate_max_tokens if many are cut off, or train on them up to the cut "
+                    "(eagle3_pipeline_regenerate_keep_truncated)", counts["truncated"], counts["empty"],
                     counts["dropped"])
     found = versions.vllm()
     engine = {"engine": "vllm", "vllm_distribution": found[0] if found else None,
@@ -331,10 +341,11 @@ def _finish(cfg, plan, work, final, started):
 
 
 def conversations_for_training(cfg, convs, order):
-    """CONVS with the target's own answers in place of the dataset's for the training indices ORDER, and the
-    indices whose regeneration left no complete reply (dropped). CONVS unchanged when regenerate is off."""
+    """CONVS with the target's own answers in place of the dataset's for the training indices ORDER, the indices
+    whose regeneration left nothing to train on (dropped) and the indices whose last reply is one cut off at the
+    length limit, kept up to the cut (regenerate.keep_truncated). CONVS unchanged when regenerate is off."""
     if not cfg["regenerate"]["enabled"]:
-        return convs, []
+        return convs, [], []
     path = config.run_path(cfg, STEP, OUTPUT)
     try:
         records = {r["source_index"]: r for r in map(json.loads, path.read_text(encoding="utf-8").splitlines()) if r}
@@ -346,10 +357,15 @@ def conversations_for_training(cfg, convs, order):
         raise PipelineError(f"prepare: {path} has no answers for {len(missing)} training conversations (e.g. source "
                             f"index {missing[0]}); the regenerate step ran with other data - re-run the pipeline.")
     out = list(convs)
-    dropped = []
+    dropped, cut = [], []
+    keep = bool(cfg["regenerate"].get("keep_truncated"))
     for i in order:
-        if records[i]["usable"]:
-            out[i] = records[i]["messages"]
+        rec = records[i]
+        if keep and rec.get("cut_turn"):
+            out[i] = rec["messages"] + rec["cut_turn"]
+            cut.append(i)
+        elif rec["usable"]:
+            out[i] = rec["messages"]
         else:
             dropped.append(i)
-    return out, dropped
+    return out, dropped, cut

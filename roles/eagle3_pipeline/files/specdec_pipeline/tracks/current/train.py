@@ -10,7 +10,7 @@ from specdec_pipeline.errors import PipelineError, exit_text
 from specdec_pipeline.fsutil import check_space, dir_size, open_step_dir, read_json, swap_in
 from specdec_pipeline.progress import Progress, log
 from specdec_pipeline.draft import checkpoint_bytes as space_needed
-from specdec_pipeline.prepare import load_tokenizer
+from specdec_pipeline.target import load_tokenizer
 from specdec_pipeline.target import text_config
 from specdec_pipeline.tracks.current.common import _inputs_settled, _step_dir, _write_manifest, stack_versions
 
