@@ -1,4 +1,5 @@
-"""Fixtures: the tiny target (built locally), run configurations and one completed pipeline run.
+"""Fixtures: the tiny target and the mini-Kimi (both built locally), run configurations and one completed pipeline
+run.
 
 Run with the pipeline venv: scripts/pipeline-venv && .cache/venvs/pipeline/bin/python -m pytest tests/pipeline
 """
@@ -59,3 +60,14 @@ def full_run(tmp_path_factory, tiny_target):
     proc = pipeline(cfg, "run")
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     return {"config": cfg, "run_dir": base / "run", "summary": summary, "target": tiny_target}
+
+
+@pytest.fixture(scope="session")
+def mini_kimi(tmp_path_factory):
+    """The mini-Kimi built by the role's command in this venv (transformers 4.57: the DeepseekV3ForCausalLM builder),
+    once per session; a second build of the same directory must be a no-op."""
+    out = tmp_path_factory.mktemp("mini-kimi") / "target"
+    runs = [json.loads(pipeline(DATASET, "build-tiny", "--out", out, "--shape", "kimi").stdout.strip().splitlines()[-1])
+            for _attempt in range(2)]
+    assert [r["changed"] for r in runs] == [True, False]
+    return out
