@@ -25,8 +25,10 @@ sys.dont_write_bytecode = True
 os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
 
 
-def pipeline(*args, check=True, **kw):
-    env = dict(os.environ, PYTHONPATH=str(FILES))
+def pipeline(*args, check=True, pythonpath=(), **kw):
+    """python -m specdec_pipeline ARGS; PYTHONPATH entries after the code (e.g. a patched speculators tree) come
+    before the venv's site-packages, in this process's children and theirs (the trainer)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(FILES), *map(str, pythonpath)]))
     proc = subprocess.run([sys.executable, "-m", "specdec_pipeline", *map(str, args)], env=env, text=True,
                           capture_output=True, check=False, **kw)
     if check and proc.returncode != 0:
