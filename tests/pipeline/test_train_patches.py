@@ -198,7 +198,7 @@ def _rel(a, b):
 
 
 def test_patched_draft_trains_against_the_mini_kimis_own_logits(speculators_site, mini_kimi, kimi_tensors,
-                                                                 verifier_forward, tmp_path):
+                                                                verifier_forward, tmp_path):
     site = speculators_site("t01", "t02", "t03")
     out = _build(site, mini_kimi, verifier_forward, tmp_path / "out.pt")
     assert "error" not in out, out
@@ -220,7 +220,7 @@ def test_unpatched_draft_cannot_read_the_mini_kimis_config(speculators_site, min
 
 
 def test_with_t01_alone_the_draft_finds_none_of_the_verifiers_tensors(speculators_site, mini_kimi, verifier_forward,
-                                                                       tmp_path):
+                                                                      tmp_path):
     # the config is read (t01), but 0.3.0 looks the tensors up by their unprefixed names (t02's reason)
     out = _build(speculators_site("t01"), mini_kimi, verifier_forward, tmp_path / "out.pt")
     assert out.get("error") == "KeyError: 'model.embed_tokens.weight'", out

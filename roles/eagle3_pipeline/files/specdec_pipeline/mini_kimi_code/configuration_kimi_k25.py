@@ -14,6 +14,8 @@ config.json schema, not from the checkpoint's code.
   has no vision weights.
 """
 
+__all__ = ["KimiK25Config"]
+
 try:
     from transformers import Kimi_K25Config as KimiK25Config
 except ImportError:  # transformers 4

@@ -10,6 +10,8 @@ routed expert, language_model.lm_head.weight). The forward is the text model's.
 - transformers 4: the wrapper below.
 """
 
+__all__ = ["KimiK25ForConditionalGeneration"]
+
 try:
     from transformers import Kimi_K25ForConditionalGeneration as KimiK25ForConditionalGeneration
 except ImportError:  # transformers 4
