@@ -67,8 +67,11 @@ with safe_open(str(target / "model.safetensors"), "pt") as f:
 tok_cfg = json.loads((target / "tokenizer_config.json").read_text())
 pre = json.loads((target / "preprocessor_config.json").read_text())
 gen = json.loads((target / "generation_config.json").read_text())
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer, Kimi_K25Config
 conf = AutoConfig.from_pretrained(str(target))
+# With trust_remote_code on, transformers 5 runs the checkpoint's configuration module (its auto_map wins)
+trusted = AutoConfig.from_pretrained(str(target), trust_remote_code=True)
+from specdec_pipeline.mini_kimi import SHAPE, tensor_layout
 tok = AutoTokenizer.from_pretrained(str(target))
 msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
         {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "More?"}]
@@ -77,6 +80,9 @@ special = {t: tok.convert_tokens_to_ids(t) for t in ["[BOS]", "[EOS]", "<|im_end
            "<think>", "</think>", "[PAD]"]}
 print(json.dumps({"cfg": cfg, "names": names, "shapes": shapes, "dtypes": dtypes, "tok_cfg": tok_cfg, "pre": pre,
                   "gen": gen, "classes": [type(conf).__name__, type(conf.text_config).__name__],
+                  "trusted_is_library_class": type(trusted) is Kimi_K25Config,
+                  "trusted_from": type(trusted).__module__,
+                  "layout": tensor_layout(SHAPE, cfg["text_config"]["vocab_size"]),
                   "len_tok": len(tok), "special": special,
                   "thinking": tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True),
                   "instant": tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, thinking=False),
@@ -91,6 +97,11 @@ def test_the_builder_writes_kimi_k25s_config_schema_tensor_names_and_tokens(buil
     # The wrapper and the DeepSeek-V3 text config as the checkpoint has them (not as transformers writes them).
     assert cfg["architectures"] == ["KimiK25ForConditionalGeneration"] and cfg["model_type"] == "kimi_k25"
     assert got["classes"] == ["Kimi_K25Config", "DeepseekV3Config"]
+    # The model code the checkpoint carries, named as Kimi-K2.5's auto_map names it; under transformers 5 it hands
+    # back transformers' own class, so the current track meets the same class with trust_remote_code on or off.
+    assert cfg["auto_map"]["AutoConfig"] == "configuration_kimi_k25.KimiK25Config"
+    assert cfg["auto_map"]["AutoModelForCausalLM"] == "modeling_kimi_k25.KimiK25ForConditionalGeneration"
+    assert got["trusted_is_library_class"], got["trusted_from"]
     assert tc["model_type"] == "kimi_k2" and cfg["tie_word_embeddings"] is False
     assert (tc["qk_nope_head_dim"], tc["qk_rope_head_dim"], tc["v_head_dim"], tc["kv_lora_rank"]) == (128, 64, 128, 512)
     assert (tc["topk_method"], tc["scoring_func"], tc["first_k_dense_replace"], tc["n_shared_experts"]) == \
@@ -100,6 +111,7 @@ def test_the_builder_writes_kimi_k25s_config_schema_tensor_names_and_tokens(buil
     # Tensor names: language_model.model.layers.N, one tensor per routed expert, the routers' correction bias,
     # bf16 throughout, no vision tensors (served language-model-only).
     names, n, experts = got["names"], tc["num_hidden_layers"], tc["n_routed_experts"]
+    assert got["shapes"] == got["layout"]  # the one layout both builders (transformers 5 and 4) are checked against
     assert not [x for x in names if ".blocks." in x or not x.startswith("language_model.")]
     assert {x.split(".")[3] for x in names if x.startswith("language_model.model.layers.")} == {str(i) for i in range(n)}
     assert "language_model.lm_head.weight" in names and "language_model.model.embed_tokens.weight" in names

@@ -1,63 +1,34 @@
-"""The training-side patches (t01-t03 of patch_sets/speculators_0_3_0.yml) on the real speculators 0.3.0 wheel.
+"""The training-side patches (t01-t03 of patch_sets/speculators_0_3_0.yml) on the real speculators 0.3.0 wheel,
+against the mini-Kimi: Kimi-K2.5's layout (a `kimi_k25` wrapper config whose text_config is DeepSeek-V3 and whose
+class is the checkpoint's own code, named by auto_map; tensors under `language_model.`), as transformers 4.57 meets
+it.
 
-The wheel's files are laid out in a throwaway tree, patched there by the collection's own patch engine (the venv's
-installed speculators is never touched), and the real loading.py of both trees is run on tiny safetensors
-checkpoints whose tensors sit under a wrapper prefix the way Kimi-K2.5 stores them (``language_model.``).
+The wheel's files are laid out in throwaway trees (conftest.speculators_tree), patched there by the collection's own
+patch engine: with none of the patches, with t01, with t01 and t02, and with all three. Each patch's own failure
+shows once the patches before it are in place: unpatched, the draft cannot read the verifier's config (transformers
+4.57 has no `kimi_k25`: only the checkpoint's code reads it); with t01 it reads it but finds none of the verifier's
+tensors; with t01 and t02 it loads them but computes its training targets from the pre-norm hidden state, not the
+verifier's logits; with t03 the targets are the verifier's own logits.
 
 Run with the pipeline venv: .cache/venvs/pipeline/bin/python -m pytest tests/pipeline/test_train_patches.py
 """
 
 import importlib.util
 import json
-import shutil
 import subprocess
 import sys
-import zipfile
-from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "collections"))
-sys.path.insert(0, str(ROOT))
-
-from ansible_collections.specdec.eagle3.plugins.module_utils.ast_probe import SourceTree  # noqa: E402
-from ansible_collections.specdec.eagle3.plugins.module_utils.patch_engine import run as patch_run  # noqa: E402
-from ansible_collections.specdec.eagle3.plugins.module_utils.pyenv import inspect  # noqa: E402
-from tests.support.upstream import fetch  # noqa: E402
-
-TRAIN_PATCHES = [p for p in yaml.safe_load((ROOT / "patch_sets" / "speculators_0_3_0.yml").read_text())["patches"]
-                 if p["id"].startswith("t")]
 WANTED = ["model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"]
-
-
-def _runner(argv):
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-    return proc.returncode, proc.stdout, proc.stderr
+DRAFT_VOCAB = 16
 
 
 @pytest.fixture(scope="module")
-def trees(tmp_path_factory):
-    """{'unpatched': site, 'patched': site}: the real 0.3.0 wheel extracted twice into throwaway venvs."""
-    out = {}
-    for name in ("unpatched", "patched"):
-        venv = tmp_path_factory.mktemp(name) / "venv"
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-        site = next((venv / "lib").glob("python3*/site-packages"))
-        with zipfile.ZipFile(fetch("speculators", "0.3.0", "wheel")) as whl:
-            whl.extractall(site)
-        if name == "patched":
-            python = str(venv / "bin" / "python")
-            env = inspect(python, {"speculators"}, {"speculators"}, _runner)
-            result = patch_run(TRAIN_PATCHES, env, SourceTree(env.roots), "present")
-            assert "failed" not in result, result.get("msg")
-            assert sorted(r["id"] for r in result["results"] if r["state"] == "applied") == \
-                sorted(p["id"] for p in TRAIN_PATCHES)
-        out[name] = site
-    return out
+def kimi_tensors(mini_kimi):
+    return load_file(str(mini_kimi / "model.safetensors"))
 
 
 def _loader(site, tag):
@@ -68,16 +39,6 @@ def _loader(site, tag):
     return module.load_model_layers
 
 
-def _tensors(prefix, extra=None):
-    gen = torch.Generator().manual_seed(0)
-    out = {f"{prefix}model.embed_tokens.weight": torch.randn(32, 8, generator=gen),
-           f"{prefix}lm_head.weight": torch.randn(32, 8, generator=gen),
-           f"{prefix}model.norm.weight": torch.randn(8, generator=gen),
-           "vision_tower.patch_embed.weight": torch.randn(4, 4, generator=gen)}
-    out.update(extra or {})
-    return out
-
-
 def _single_file(path, tensors):
     path.mkdir()
     save_file(tensors, str(path / "model.safetensors"))
@@ -85,7 +46,8 @@ def _single_file(path, tensors):
 
 
 def _sharded(path, tensors):
-    """Two shards plus model.safetensors.index.json, split so each shard holds some requested tensor."""
+    """Two shards plus model.safetensors.index.json (the real checkpoint's form, with 64 shards), split so that each
+    shard holds some requested tensor."""
     path.mkdir()
     names = sorted(tensors)
     shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
@@ -98,152 +60,190 @@ def _sharded(path, tensors):
 
 
 @pytest.mark.parametrize("layout", [_single_file, _sharded], ids=["single-file", "sharded"])
-def test_patched_loader_finds_prefixed_verifier_tensors(trees, tmp_path, layout):
-    tensors = _tensors("language_model.")
-    ckpt = layout(tmp_path / "kimi-like", tensors)
-    got = _loader(trees["patched"], "patched")(list(WANTED), str(ckpt))
+def test_t02_loader_finds_the_mini_kimis_tensors_under_language_model(speculators_site, kimi_tensors, tmp_path, layout):
+    ckpt = layout(tmp_path / "mini-kimi", kimi_tensors)
+    got = _loader(speculators_site("t01", "t02", "t03"), "patched")(list(WANTED), str(ckpt))
     assert sorted(got) == sorted(WANTED)
     for name in WANTED:
-        assert torch.equal(got[name], tensors["language_model." + name])
+        assert torch.equal(got[name], kimi_tensors["language_model." + name])
 
 
-def test_unpatched_loader_fails_on_prefixed_index(trees, tmp_path):
-    ckpt = _sharded(tmp_path / "kimi-like", _tensors("language_model."))
+def test_unpatched_loader_fails_on_the_mini_kimis_index(speculators_site, kimi_tensors, tmp_path):
+    ckpt = _sharded(tmp_path / "mini-kimi", kimi_tensors)
     with pytest.raises(ValueError, match="None of the requested tensor names were found"):
-        _loader(trees["unpatched"], "unpatched")(list(WANTED), str(ckpt))
+        _loader(speculators_site(), "unpatched")(list(WANTED), str(ckpt))
 
 
-def test_unpatched_loader_returns_nothing_for_prefixed_single_file(trees, tmp_path):
-    ckpt = _single_file(tmp_path / "kimi-like", _tensors("language_model."))
-    assert _loader(trees["unpatched"], "unpatched")(list(WANTED), str(ckpt)) == {}
+def test_unpatched_loader_returns_nothing_for_the_mini_kimis_single_file(speculators_site, mini_kimi):
+    assert _loader(speculators_site(), "unpatched")(list(WANTED), str(mini_kimi)) == {}
 
 
 @pytest.mark.parametrize("layout", [_single_file, _sharded], ids=["single-file", "sharded"])
-def test_patched_loader_prefers_exact_names_and_refuses_to_guess(trees, tmp_path, layout):
-    # an exact model.norm.weight wins over a prefixed one; two candidates for lm_head.weight -> not loaded
+def test_t02_loader_prefers_exact_names_and_refuses_to_guess(speculators_site, kimi_tensors, tmp_path, layout):
+    # an exact model.norm.weight wins over the prefixed one; two candidates for lm_head.weight -> not loaded
     extra = {"model.norm.weight": torch.full((8,), 7.0), "mtp.lm_head.weight": torch.zeros(32, 8)}
-    tensors = _tensors("language_model.", extra)
-    ckpt = layout(tmp_path / "ambiguous", tensors)
-    got = _loader(trees["patched"], "patched")(list(WANTED), str(ckpt))
+    ckpt = layout(tmp_path / "ambiguous", {**kimi_tensors, **extra})
+    got = _loader(speculators_site("t01", "t02", "t03"), "patched")(list(WANTED), str(ckpt))
     assert torch.equal(got["model.norm.weight"], extra["model.norm.weight"])
-    assert torch.equal(got["model.embed_tokens.weight"], tensors["language_model.model.embed_tokens.weight"])
+    assert torch.equal(got["model.embed_tokens.weight"], kimi_tensors["language_model.model.embed_tokens.weight"])
     assert "lm_head.weight" not in got
 
 
-def test_patched_loader_keeps_plain_checkpoints_working(trees, tmp_path):
-    tensors = _tensors("")
+def test_t02_loader_keeps_plain_checkpoints_working(speculators_site, tmp_path):
+    gen = torch.Generator().manual_seed(0)
+    tensors = {"model.embed_tokens.weight": torch.randn(32, 8, generator=gen),
+               "lm_head.weight": torch.randn(32, 8, generator=gen), "model.norm.weight": torch.randn(8, generator=gen)}
     ckpt = _sharded(tmp_path / "plain", tensors)
-    for tag in ("unpatched", "patched"):
-        got = _loader(trees[tag], tag)(list(WANTED), str(ckpt))
+    for tag, site in (("unpatched", speculators_site()), ("patched", speculators_site("t01", "t02", "t03"))):
+        got = _loader(site, tag)(list(WANTED), str(ckpt))
         assert sorted(got) == sorted(WANTED)
         assert all(torch.equal(got[n], tensors[n]) for n in WANTED)
 
 
+# Builds speculators' Eagle3DraftModel for the verifier, as the train step does, and runs its training forward (one
+# TTT step) on the verifier's captured (pre-norm) last hidden state: the targets are what verifier_lm_head returns
+# there (0.3.0 applies it to the hidden state as is; t03 puts the verifier's final norm first). Once per value of
+# SPECDEC_TRUST_REMOTE_CODE in argv[7] (a JSON list; null: unset), in one process (the patched code reads the switch
+# at each call). Prints "RESULT " and a JSON list, one {"has_norm", "eps", ...} or {"error": ...} per value. The
+# draft layer's own rms_norm_eps (1e-6) is not the verifier's.
 BUILD = r"""
-import json, sys, torch
-from transformers import LlamaConfig
-from speculators.config import SpeculatorsConfig, VerifierConfig
-from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
-from speculators.proposals.greedy import GreedyTokenProposalConfig
-import speculators
-verifier, vocab, draft_vocab = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-layer = LlamaConfig(vocab_size=vocab, hidden_size=8, intermediate_size=16, num_attention_heads=2,
-                    num_key_value_heads=2, num_hidden_layers=1, rms_norm_eps=1e-5, head_dim=4)
-t2d = torch.zeros(vocab, dtype=torch.bool)
-t2d[:draft_vocab] = True
-d2t = torch.zeros(draft_vocab, dtype=torch.long)
-cfg = Eagle3SpeculatorConfig(
-    transformer_layer_config=layer, draft_vocab_size=draft_vocab, norm_before_residual=True,
-    speculators_config=SpeculatorsConfig(
-        algorithm="eagle3", default_proposal_method="greedy",
-        proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=3)],
-        verifier=VerifierConfig(name_or_path=verifier, architectures=["LlavaForConditionalGeneration"])))
-model = Eagle3DraftModel(config=cfg, t2d=t2d, d2t=d2t)
-h = torch.randn(1, 5, 8, generator=torch.Generator().manual_seed(1))
-with torch.no_grad():
-    normed = model.verifier_norm(h)
-print(json.dumps({"file": speculators.__file__, "norm_weight": model.verifier_norm.weight.tolist(),
-                  "eps": model.verifier_norm.variance_epsilon, "h": h.tolist(), "normed": normed.tolist(),
-                  "lm_head": model.verifier_lm_head.weight.tolist()}))
+import json, os, sys, torch
+verifier, vocab, hidden, draft_vocab, hidden_file, out_file, switches = sys.argv[1:8]
+vocab, hidden, draft_vocab = int(vocab), int(hidden), int(draft_vocab)
+
+def attempt(out_file):
+    from transformers import LlamaConfig
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    import speculators
+    torch.manual_seed(0)
+    layer = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_attention_heads=2,
+                        num_key_value_heads=2, num_hidden_layers=1, rms_norm_eps=1e-6, head_dim=hidden // 2)
+    layer._attn_implementation = "simple_flex_attention"  # the draft's attention (its forward runs on the CPU)
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[:draft_vocab] = True
+    d2t = torch.zeros(draft_vocab, dtype=torch.long)
+    cfg = Eagle3SpeculatorConfig(
+        transformer_layer_config=layer, draft_vocab_size=draft_vocab, norm_before_residual=True,
+        speculators_config=SpeculatorsConfig(
+            algorithm="eagle3", default_proposal_method="greedy",
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=3)],
+            verifier=VerifierConfig(name_or_path=verifier, architectures=["KimiK25ForConditionalGeneration"])))
+    model = Eagle3DraftModel(config=cfg, t2d=t2d, d2t=d2t).eval()
+    h = torch.load(hidden_file)
+    norm = getattr(model, "verifier_norm", None)
+    seen = []  # the trainer's own targets: what verifier_lm_head returns inside forward (one TTT step)
+    hook = model.verifier_lm_head.register_forward_hook(lambda _m, _a, out: seen.append(out.detach()))
+    with torch.no_grad():
+        n = h.shape[0]
+        model(hidden_states=torch.randn(1, n, 3 * hidden), input_ids=torch.zeros(1, n, dtype=torch.long),
+              verifier_last_hidden_states=h[None], ttt_steps=1)
+    hook.remove()
+    targets = seen[0][0]
+    torch.save({"targets": targets, "lm_head": model.verifier_lm_head.weight.detach(),
+                "norm_weight": None if norm is None else norm.weight.detach()}, out_file)
+    return {"file": speculators.__file__, "has_norm": norm is not None,
+            "eps": None if norm is None else norm.variance_epsilon}
+
+results = []
+for value in json.loads(switches):
+    os.environ.pop("SPECDEC_TRUST_REMOTE_CODE", None)
+    if value is not None:
+        os.environ["SPECDEC_TRUST_REMOTE_CODE"] = value
+    try:
+        results.append(attempt(out_file))
+    except Exception as exc:
+        results.append({"error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"})
+    results[-1]["remote_code_ran"] = any(m.startswith("transformers_modules") for m in sys.modules)
+print("\nRESULT " + json.dumps(results))
 """
 
 
-def _build(site, verifier, vocab=32, draft_vocab=16, **extra_env):
-    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "TORCHDYNAMO_DISABLE": "1",
-           **extra_env}
-    return subprocess.run([sys.executable, "-c", BUILD, str(verifier), str(vocab), str(draft_vocab)],
-                          capture_output=True, text=True, env=env, check=False, timeout=300)
-
-
 @pytest.fixture(scope="module")
-def wrapped_verifier(tmp_path_factory):
-    """A Kimi-like wrapper: a multimodal config whose decoder sizes sit in text_config (transformers' own Llava),
-    weights under language_model.; rms_norm_eps only in text_config."""
-    from transformers import LlamaConfig, LlavaConfig  # noqa: PLC0415
+def verifier_forward(mini_kimi, tmp_path_factory):
+    """The mini-Kimi's own forward (float32, through its auto_map code): the last layer's output before the final
+    norm (the hidden state extraction stores) and the logits, for 24 tokens; the hidden state saved for BUILD."""
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415
 
-    path = tmp_path_factory.mktemp("wrapped") / "verifier"
-    text = LlamaConfig(vocab_size=32, hidden_size=8, intermediate_size=16, num_attention_heads=2,
-                       num_key_value_heads=2, num_hidden_layers=2, rms_norm_eps=1e-3)
-    LlavaConfig(text_config=text).save_pretrained(path)
-    tensors = _tensors("language_model.")
-    save_file(tensors, str(path / "model.safetensors"))
-    return path, tensors
-
-
-def test_patched_draft_model_builds_on_a_wrapped_verifier(trees, wrapped_verifier):
-    path, tensors = wrapped_verifier
-    proc = _build(trees["patched"], path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["file"].startswith(str(trees["patched"]))
-    # t01: eps from text_config; t02: the prefixed norm and lm head; t03: the verifier norm exists and is RMSNorm
-    assert out["eps"] == pytest.approx(1e-3)
-    assert torch.equal(torch.tensor(out["norm_weight"]), tensors["language_model.model.norm.weight"])
-    assert torch.equal(torch.tensor(out["lm_head"]), tensors["language_model.lm_head.weight"][:16])
-    h = torch.tensor(out["h"])
-    expected = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-3) * tensors["language_model.model.norm.weight"]
-    assert torch.allclose(torch.tensor(out["normed"]), expected, atol=1e-5)
+    model = AutoModelForCausalLM.from_pretrained(str(mini_kimi), trust_remote_code=True, dtype=torch.float32).eval()
+    seen = {}
+    hook = model.language_model.model.norm.register_forward_pre_hook(lambda _m, args: seen.update(h=args[0][0]))
+    ids = torch.randint(0, model.config.text_config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = model(input_ids=ids, use_cache=False).logits[0]
+    hook.remove()
+    path = tmp_path_factory.mktemp("verifier-forward") / "h.pt"
+    torch.save(seen["h"].clone(), path)
+    tc = model.config.text_config
+    return {"hidden_file": path, "logits": logits, "vocab": tc.vocab_size, "hidden": tc.hidden_size,
+            "eps": tc.rms_norm_eps}
 
 
-def test_unpatched_draft_model_fails_on_the_wrapped_verifier(trees, wrapped_verifier):
-    path, _unused = wrapped_verifier
-    proc = _build(trees["unpatched"], path)
-    assert proc.returncode != 0
-    # 0.3.0 reads the sizes at the top level of the wrapper's config
-    assert "'LlavaConfig' object has no attribute 'hidden_size'" in proc.stderr, proc.stderr[-3000:]
+def _build(site, verifier, forward, out_file, switches=("1",)):
+    """BUILD with the speculators tree SITE first on the path; its results, one per switch value."""
+    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "TORCHDYNAMO_DISABLE": "1",
+           "HF_HOME": str(out_file.parent / "hf")}
+    proc = subprocess.run([sys.executable, "-c", BUILD, str(verifier), str(forward["vocab"]), str(forward["hidden"]),
+                           str(DRAFT_VOCAB), str(forward["hidden_file"]), str(out_file), json.dumps(list(switches))],
+                          capture_output=True, text=True, env=env, check=False, timeout=300, stdin=subprocess.DEVNULL)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    results = json.loads(lines[-1].removeprefix("RESULT "))
+    return results[0] if len(switches) == 1 else results
 
 
-@pytest.fixture
-def verifier_with_code(tmp_path, wrapped_verifier):
-    """The wrapped verifier whose config class is its own code (auto_map, as Kimi-K2.5's); the code notes each run."""
-    path, _unused = wrapped_verifier
-    dest = tmp_path / "verifier-with-code"
-    shutil.copytree(path, dest)
-    marker = tmp_path / "ran.txt"
-    (dest / "configuration_marker.py").write_text(
-        "from transformers import LlavaConfig\n\n"
-        f"with open({str(marker)!r}, 'a') as out:\n    out.write('configuration_marker.py\\n')\n\n\n"
-        "class MarkerLlavaConfig(LlavaConfig):\n    pass\n")
-    conf = json.loads((dest / "config.json").read_text())
-    conf["auto_map"] = {"AutoConfig": "configuration_marker.MarkerLlavaConfig"}
-    (dest / "config.json").write_text(json.dumps(conf))
-    return dest, marker
+def _rel(a, b):
+    return float((a - b).norm() / b.norm())
 
 
-@pytest.mark.parametrize("value,runs", [(None, False), ("0", False), ("1", True)], ids=["unset", "off", "on"])
-def test_patched_verifier_config_honours_the_switch(trees, verifier_with_code, tmp_path, value, runs):
-    # t01 reads SPECDEC_TRUST_REMOTE_CODE (the pipeline's eagle3_pipeline_trust_remote_code); unset means off
-    path, marker = verifier_with_code
-    extra = {} if value is None else {"SPECDEC_TRUST_REMOTE_CODE": value}
-    proc = _build(trees["patched"], path, HF_HOME=str(tmp_path / "hf"), **extra)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert marker.exists() is runs
-    assert json.loads(proc.stdout.strip().splitlines()[-1])["eps"] == pytest.approx(1e-3)  # text_config either way
+def test_patched_draft_trains_against_the_mini_kimis_own_logits(speculators_site, mini_kimi, kimi_tensors,
+                                                                verifier_forward, tmp_path):
+    site = speculators_site("t01", "t02", "t03")
+    out = _build(site, mini_kimi, verifier_forward, tmp_path / "out.pt")
+    assert "error" not in out, out
+    assert out["file"].startswith(str(site))
+    got = torch.load(tmp_path / "out.pt")
+    # t01: the verifier's sizes and eps from text_config (read through the checkpoint's code); t02: the prefixed norm
+    # and lm head; t03: the verifier's final norm, so the targets are the verifier's logits (its draft-vocab rows)
+    assert out["has_norm"] and out["eps"] == pytest.approx(verifier_forward["eps"])
+    assert torch.equal(got["norm_weight"], kimi_tensors["language_model.model.norm.weight"].float())
+    assert torch.equal(got["lm_head"], kimi_tensors["language_model.lm_head.weight"][:DRAFT_VOCAB].float())
+    assert _rel(got["targets"], verifier_forward["logits"][:, :DRAFT_VOCAB]) < 1e-4
 
 
-def test_patched_verifier_config_refuses_an_unknown_switch_value(trees, verifier_with_code, tmp_path):
-    path, marker = verifier_with_code
-    proc = _build(trees["patched"], path, HF_HOME=str(tmp_path / "hf"), SPECDEC_TRUST_REMOTE_CODE="yes")
-    assert proc.returncode != 0 and not marker.exists()
-    assert ("ValueError: SPECDEC_TRUST_REMOTE_CODE is 'yes'; expected 1 (run the model's own code: "
-            "trust_remote_code) or 0 (do not)") in proc.stderr, proc.stderr[-3000:]
+def test_unpatched_draft_cannot_read_the_mini_kimis_config(speculators_site, mini_kimi, verifier_forward, tmp_path):
+    # 0.3.0 reads the verifier config without trust_remote_code: transformers 4.57 knows no kimi_k25 (t01's reason)
+    out = _build(speculators_site(), mini_kimi, verifier_forward, tmp_path / "out.pt")
+    assert "contains custom code which must be executed" in out.get("error", ""), out
+    assert not out["remote_code_ran"]
+
+
+def test_with_t01_alone_the_draft_finds_none_of_the_verifiers_tensors(speculators_site, mini_kimi, verifier_forward,
+                                                                      tmp_path):
+    # the config is read (t01), but 0.3.0 looks the tensors up by their unprefixed names (t02's reason)
+    out = _build(speculators_site("t01"), mini_kimi, verifier_forward, tmp_path / "out.pt")
+    assert out.get("error") == "KeyError: 'model.embed_tokens.weight'", out
+    assert out["remote_code_ran"]
+
+
+def test_without_t03_the_targets_are_not_the_verifiers_logits(speculators_site, mini_kimi, verifier_forward, tmp_path):
+    # the tensors load (t01, t02), but 0.3.0 applies the lm head to the pre-norm hidden state (t03's reason)
+    out = _build(speculators_site("t01", "t02"), mini_kimi, verifier_forward, tmp_path / "out.pt")
+    assert "error" not in out and not out["has_norm"], out
+    assert _rel(torch.load(tmp_path / "out.pt")["targets"], verifier_forward["logits"][:, :DRAFT_VOCAB]) > 0.5
+
+
+def test_patched_draft_runs_the_checkpoints_code_only_with_the_switch_on(speculators_site, mini_kimi,
+                                                                         verifier_forward, tmp_path):
+    # t01 reads SPECDEC_TRUST_REMOTE_CODE (the pipeline's eagle3_pipeline_trust_remote_code); unset means off, and
+    # off the mini-Kimi (like Kimi-K2.5 under transformers 4.57) cannot be read at all: its code does not run. A
+    # value other than 0 or 1 is refused in one line.
+    unset, off, bad = _build(speculators_site("t01", "t02", "t03"), mini_kimi, verifier_forward, tmp_path / "out.pt",
+                             switches=(None, "0", "yes"))
+    for out in (unset, off):
+        assert "contains custom code which must be executed" in out.get("error", ""), out
+        assert "trust_remote_code=True" in out["error"] and not out["remote_code_ran"]
+    assert bad.get("error") == ("ValueError: SPECDEC_TRUST_REMOTE_CODE is 'yes'; expected 1 (run the model's own "
+                                "code: trust_remote_code) or 0 (do not)"), bad
+    assert not bad["remote_code_ran"]

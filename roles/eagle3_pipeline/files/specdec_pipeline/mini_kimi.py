@@ -7,15 +7,30 @@ v 128, ``kv_lora_rank`` 512: vLLM's MLA takes no other head size), the first lay
 correction bias, YaRN rope, weights named as the real checkpoint names them (``language_model.model.layers.N``,
 one tensor per routed expert, ``language_model.lm_head``), a ``preprocessor_config.json`` with ``media_proc_cfg``,
 Kimi's special tokens in Kimi's order at the top of the vocabulary and a chat template of the same structure
-(system, user and assistant turns, thinking and instant modes).
+(system, user and assistant turns, thinking and instant modes), and model code of its own named by config.json's
+``auto_map`` (``configuration_kimi_k25.py``, ``modeling_kimi_k25.py``: ours, in mini_kimi_code/), as the real
+checkpoint ships code for transformers releases that have no ``kimi_k25`` class.
 
 What is shrunk: hidden size, heads, layers, experts, the vocabulary (a byte-level BPE trained on the dataset, not
 Kimi's tiktoken vocabulary). Left out: the vision tower's weights (the target is served language-model-only; its
 vision_config is a one-layer MoonViT in the checkpoint's schema) and INT4 routed experts (stored bf16).
 
-Built with transformers 5.x (``Kimi_K25ForConditionalGeneration``); the builder then renames what transformers
-calls its tensors to the checkpoint's names, and checks that transformers loads the written checkpoint back to the
-same logits.
+Two builders, one checkpoint layout. The builder runs in the venv of the track that uses the target, and each
+venv has one transformers: the current track's 5.19 ships ``Kimi_K25ForConditionalGeneration``, the patched
+track's 4.57 does not (but has DeepSeek-V3). So the weights are drawn by the transformers at hand:
+- transformers 5: its own ``Kimi_K25ForConditionalGeneration``; the tensors it names otherwise (``model.`` prefixes,
+  fused experts) are renamed to the checkpoint's names (checkpoint_names);
+- transformers 4: mini_kimi_code's ``KimiK25ForConditionalGeneration``, whose ``language_model`` is transformers'
+  own ``DeepseekV3ForCausalLM``: it names its tensors as the checkpoint does.
+Both write the same config.json (wrapper_config), vocabulary, merges and special tokens (each library writes its
+own tokenizer_config.json), processor file and model code, and both are checked against one list of tensor names
+and shapes (tensor_layout) before anything is written. The weights' values
+differ between the two (each library draws its own initialisation from the seed); for the same weights,
+transformers 4.57 (through mini_kimi_code) and 5.19 give the same forward (measured once: float32 logits within
+3e-7). The alternatives were worse: a checkpoint built once and kept in the repository is a 23 MB binary that no
+longer follows the builder, and building it with transformers 5 beside the patched track's venv would put a second
+transformers on the hosts of a track that does not use it. The stamp names the builder, so a directory built by
+the other one is rebuilt rather than taken as up to date.
 """
 
 import json
@@ -76,6 +91,15 @@ ROPE = {"rope_type": "yarn", "factor": 64.0, "original_max_position_embeddings":
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
 WEIGHTS = "model.safetensors"
 STAMP = "specdec_mini_kimi.json"
+# The model code the checkpoint carries (ours: mini_kimi_code/) and config.json's auto_map naming it, with the
+# real checkpoint's file and class names.
+CODE_DIR = Path(__file__).with_name("mini_kimi_code")
+CODE_FILES = ("configuration_kimi_k25.py", "modeling_kimi_k25.py")
+AUTO_MAP = {"AutoConfig": "configuration_kimi_k25.KimiK25Config",
+            "AutoModel": "modeling_kimi_k25.KimiK25ForConditionalGeneration",
+            "AutoModelForCausalLM": "modeling_kimi_k25.KimiK25ForConditionalGeneration"}
+BUILDERS = {5: "transformers 5: Kimi_K25ForConditionalGeneration",
+            4: "transformers 4: DeepseekV3ForCausalLM as language_model"}
 
 
 def special_ids(base):
@@ -170,43 +194,127 @@ def checkpoint_names(state, n_experts):
     return out
 
 
+def tensor_layout(shape, vocab_size):
+    """{name: shape} of every tensor in the mini-Kimi's model.safetensors: Kimi-K2.5's names for its text model
+    (MLA projections, the dense first layers' MLP, the router with its correction bias, the shared expert and one
+    gate/up/down tensor per routed expert) at SHAPE's sizes. Both builders are checked against it."""
+    h, heads, experts = shape["hidden_size"], shape["heads"], shape["experts"]
+    nope, rope, v_dim = shape["qk_nope_head_dim"], shape["qk_rope_head_dim"], shape["v_head_dim"]
+    q_lora, kv_lora = shape["q_lora_rank"], shape["kv_lora_rank"]
+    moe, shared = shape["moe_intermediate_size"], shape["moe_intermediate_size"] * shape["shared_experts"]
+
+    def mlp(stem, width):
+        return {f"{stem}gate_proj.weight": [width, h], f"{stem}up_proj.weight": [width, h],
+                f"{stem}down_proj.weight": [h, width]}
+
+    out = {"language_model.lm_head.weight": [vocab_size, h],
+           "language_model.model.embed_tokens.weight": [vocab_size, h], "language_model.model.norm.weight": [h]}
+    for i in range(shape["layers"]):
+        p = f"language_model.model.layers.{i}."
+        out.update({f"{p}input_layernorm.weight": [h], f"{p}post_attention_layernorm.weight": [h],
+                    f"{p}self_attn.q_a_proj.weight": [q_lora, h], f"{p}self_attn.q_a_layernorm.weight": [q_lora],
+                    f"{p}self_attn.q_b_proj.weight": [heads * (nope + rope), q_lora],
+                    f"{p}self_attn.kv_a_proj_with_mqa.weight": [kv_lora + rope, h],
+                    f"{p}self_attn.kv_a_layernorm.weight": [kv_lora],
+                    f"{p}self_attn.kv_b_proj.weight": [heads * (nope + v_dim), kv_lora],
+                    f"{p}self_attn.o_proj.weight": [h, heads * v_dim]})
+        if i < shape["first_k_dense_replace"]:
+            out.update(mlp(f"{p}mlp.", shape["intermediate_size"]))
+            continue
+        out.update({f"{p}mlp.gate.weight": [experts, h], f"{p}mlp.gate.e_score_correction_bias": [experts]})
+        out.update(mlp(f"{p}mlp.shared_experts.", shared))
+        for e in range(experts):
+            out.update(mlp(f"{p}mlp.experts.{e}.", moe))
+    return out
+
+
+def layout_problem(tensors, shape, vocab_size):
+    """'' when TENSORS ({name: tensor}) are exactly tensor_layout's names and shapes, in bf16; else what differs."""
+    want = tensor_layout(shape, vocab_size)
+    got = {name: list(t.shape) for name, t in tensors.items()}
+    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    wrong = sorted(n for n in set(want) & set(got) if want[n] != got[n])
+    not_bf16 = sorted(n for n, t in tensors.items() if str(t.dtype) != "torch.bfloat16")
+    parts = [f"{what} {names[:3]}{' ...' if len(names) > 3 else ''}" for what, names in
+             (("missing", missing), ("unexpected", extra), ("wrong shape", wrong), ("not bf16", not_bf16)) if names]
+    return "; ".join(parts)
+
+
+def transformers_major():
+    """The major version of the installed transformers, read without importing it."""
+    from importlib.metadata import version  # noqa: PLC0415
+
+    return int(version("transformers").split(".")[0])
+
+
+def _bias_the_routers(layers, torch):
+    # transformers starts the routers' correction bias at zero; the checkpoint's is learned: make it count.
+    with torch.no_grad():
+        for layer in layers:
+            gate = getattr(layer.mlp, "gate", None)
+            if gate is not None and hasattr(gate, "e_score_correction_bias"):
+                gate.e_score_correction_bias.copy_(torch.rand(gate.e_score_correction_bias.shape) * 0.02)
+
+
+def _weights_transformers5(cfg_json, seed, shape, torch):
+    from transformers import Kimi_K25Config, Kimi_K25ForConditionalGeneration  # noqa: PLC0415
+
+    torch.manual_seed(seed)
+    model = Kimi_K25ForConditionalGeneration(Kimi_K25Config(**json.loads(json.dumps(cfg_json)))).eval()
+    _bias_the_routers(model.model.language_model.layers, torch)
+    model = model.to(torch.bfloat16)
+    return checkpoint_names({k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()},
+                            shape["experts"])
+
+
+def _weights_transformers4(cfg_json, seed, torch):
+    from specdec_pipeline.mini_kimi_code.configuration_kimi_k25 import KimiK25Config  # noqa: PLC0415
+    from specdec_pipeline.mini_kimi_code.modeling_kimi_k25 import KimiK25ForConditionalGeneration  # noqa: PLC0415
+
+    torch.manual_seed(seed)
+    model = KimiK25ForConditionalGeneration(KimiK25Config(**json.loads(json.dumps(cfg_json)))).eval()
+    _bias_the_routers(model.language_model.model.layers, torch)
+    return {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+
+
 def build(dataset, out, seed=0, shape=None):
-    """Build the mini-Kimi in OUT; False (nothing touched) when OUT was built from the same inputs."""
+    """Build the mini-Kimi in OUT; False (nothing touched) when OUT was built from the same inputs by the same
+    builder (the installed transformers' major version picks it, see the module docstring)."""
     out = Path(out)
     shape = {**SHAPE, **(shape or {})}
+    major = transformers_major()
+    builder = BUILDERS[5 if major >= 5 else 4]
     spec = {"dataset_sha256": sha256_file(dataset), "seed": seed, "shape": shape, "template": CHAT_TEMPLATE,
-            "vision": VISION, "media_proc_cfg": MEDIA_PROC_CFG, "rope": ROPE, "format": 1}
+            "vision": VISION, "media_proc_cfg": MEDIA_PROC_CFG, "rope": ROPE, "auto_map": AUTO_MAP,
+            "code": {name: sha256_file(CODE_DIR / name) for name in CODE_FILES}, "builder": builder, "format": 2}
     if read_json(out / STAMP) == spec and (out / WEIGHTS).exists():
         return False
     import torch  # noqa: PLC0415
     from safetensors.torch import save  # noqa: PLC0415
-    from transformers import Kimi_K25Config, Kimi_K25ForConditionalGeneration  # noqa: PLC0415
 
     texts = [m["content"] for conv in load_local(dataset) for m in conv]
     tok, base = _tokenizer(texts, shape["bpe_vocab"])
     vocab = base + SPECIAL_SLOTS
     cfg_json = wrapper_config(shape, vocab, base)
-    torch.manual_seed(seed)
-    model = Kimi_K25ForConditionalGeneration(Kimi_K25Config(**json.loads(json.dumps(cfg_json)))).eval()
-    with torch.no_grad():
-        # transformers starts the routers' correction bias at zero; the checkpoint's is learned: make it count.
-        for layer in model.model.language_model.layers:
-            gate = getattr(layer.mlp, "gate", None)
-            if gate is not None and hasattr(gate, "e_score_correction_bias"):
-                gate.e_score_correction_bias.copy_(torch.rand(gate.e_score_correction_bias.shape) * 0.02)
-    model = model.to(torch.bfloat16)
-    tensors = checkpoint_names({k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()},
-                               shape["experts"])
+    if major >= 5:
+        tensors = _weights_transformers5(cfg_json, seed, shape, torch)
+    else:
+        tensors = _weights_transformers4(cfg_json, seed, torch)
+    problem = layout_problem(tensors, shape, vocab)
+    if problem:
+        raise RuntimeError(f"mini-Kimi ({builder}): the tensors differ from Kimi-K2.5's layout: {problem}")
     out.mkdir(parents=True, exist_ok=True)
     tok.save_pretrained(out)
     write_json(out / "generation_config.json", {"bos_token_id": base, "eos_token_id": special_ids(base)["<|im_end|>"],
                                                 "max_length": 262144})
     write_json(out / "preprocessor_config.json", {"media_proc_cfg": MEDIA_PROC_CFG})
-    write_json(out / "config.json", cfg_json)
+    for name in CODE_FILES:
+        write_bytes_atomic(out / name, (CODE_DIR / name).read_bytes())
+    write_json(out / "config.json", {**cfg_json, "auto_map": dict(AUTO_MAP)})
     write_bytes_atomic(out / WEIGHTS, save(tensors, metadata={"format": "pt"}))
     (out / "README.md").write_text(
         "mini-Kimi: a random-weight Kimi-K2.5-layout checkpoint built by specdec_pipeline.mini_kimi from "
-        f"{Path(dataset).name} (seed {seed}); for pipeline tests only.\n")
+        f"{Path(dataset).name} (seed {seed}, {builder}); for pipeline tests only.\n")
     write_json(out / STAMP, spec)
     return True
 

@@ -93,7 +93,11 @@ def main(argv, shape=""):
     if name in NAMED:
         from specdec_pipeline import mini_kimi  # noqa: PLC0415
 
-        changed = mini_kimi.build(argv[0], argv[1])
+        try:
+            changed = mini_kimi.build(argv[0], argv[1])
+        except RuntimeError as exc:  # the builder's own checks (tokenizer, tensor layout): one line, no traceback
+            print(f"ERROR: {exc}", file=sys.stderr)
+            return 1
         print(json.dumps({"changed": changed, "path": argv[1]}))
         return 0
     try:
