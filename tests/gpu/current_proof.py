@@ -15,13 +15,17 @@ skipped once CURRENT_PROOF_DEADLINE_S has passed):
              the evaluate stage itself (python -m specdec_pipeline.evaluate) with baseline and control drafts;
   fused      `speculators train --loss-implementation fused` on the code LM's data: must fail with the pipeline's
              one line naming eagle3_pipeline_loss_implementation (on the stack where fused is known to fail);
-  code-bf16  the code LM's extraction again with bf16 storage at concurrency 32.
+  code-bf16  the code LM's extraction again with bf16 storage at concurrency 32;
+  kimi-fp8   the mini-Kimi (KIMI_TARGET: built by the pipeline's `build-tiny --shape kimi` with transformers 5.19 and
+             carried along) through the same track in thinking mode: regenerate, extract (fp8, language model only),
+             vocab, train, export, then the evaluate stage's own command - MLA and MoE through vLLM's CUDA kernels;
+             the attention backend vLLM chose is read from the servers' logs. Skipped (not failed) without KIMI_TARGET.
 Results: $CURRENT_PROOF_OUT/current_proof.json (rows and figures), written after every row.
 
 Environment: CODE_LM (the code LM directory), CURRENT_PROOF_OUT, CURRENT_PROOF_DEVICE (cuda | cpu: a rehearsal
 with vLLM's CPU build), CURRENT_PROOF_SAMPLES (400), CURRENT_PROOF_EPOCHS (3), CURRENT_PROOF_PROMPTS (64),
 CURRENT_PROOF_MAX_TOKENS (128), CURRENT_PROOF_CONCURRENCY ("1,8,32"), CURRENT_PROOF_PHASES (all),
-CURRENT_PROOF_DEADLINE_S (no limit), CURRENT_PROOF_SEQ (512).
+CURRENT_PROOF_DEADLINE_S (no limit), CURRENT_PROOF_SEQ (512), KIMI_TARGET (the mini-Kimi directory).
 """
 
 from __future__ import annotations
@@ -54,7 +58,9 @@ EPOCHS = int(os.environ.get("CURRENT_PROOF_EPOCHS", "3"))
 N_PROMPTS = int(os.environ.get("CURRENT_PROOF_PROMPTS", "64"))
 MAX_TOKENS = int(os.environ.get("CURRENT_PROOF_MAX_TOKENS", "128"))
 CONCURRENCY = [int(c) for c in os.environ.get("CURRENT_PROOF_CONCURRENCY", "1,8,32").split(",")]
-PHASES = os.environ.get("CURRENT_PROOF_PHASES", "code-fp8,eval-code,fused,tiny-bf16,code-bf16").split(",")
+PHASES = os.environ.get("CURRENT_PROOF_PHASES", "code-fp8,eval-code,fused,tiny-bf16,code-bf16,kimi-fp8").split(",")
+KIMI_TARGET = Path(os.environ["KIMI_TARGET"]).resolve() if os.environ.get("KIMI_TARGET") else None
+KIMI_IDS = [2, 4, 5, 8]  # capture ids of the mini-Kimi's 8 text layers (inventory/local-kimi's)
 DEADLINE = float(os.environ.get("CURRENT_PROOF_DEADLINE_S", "0")) or None
 SEQ = int(os.environ.get("CURRENT_PROOF_SEQ", "512"))
 CODE_IDS = [1, 3, 4, 6]  # vLLM capture ids of the 6-layer code LM (6 = the final layer's output)
@@ -491,6 +497,76 @@ def phase_code_bf16() -> None:
 
 
 # -- machine ---------------------------------------------------------------------------------------------------
+def backend_lines(run: Path) -> dict:
+    """{log name: the lines of the run's server logs that name the attention backend vLLM chose (MLA on Kimi)}."""
+    out = {}
+    for log in sorted((run / "logs").glob("*.log")):
+        hits = [ln.strip()[-200:] for ln in log.read_text(errors="replace").splitlines()
+                if re.search(r"MLA|[Aa]ttention backend|Using \w+ backend", ln)]
+        if hits:
+            out[log.name] = hits[:3]
+    return out
+
+
+def phase_kimi_fp8() -> None:
+    target = KIMI_TARGET
+    if not (target / "config.json").is_file():
+        record("kimi-fp8: the mini-Kimi target", False, f"{target}/config.json is missing")
+        return
+    dataset = FILES / "tiny_conversations.jsonl"
+    run = OUT / "kimi-fp8"
+    cfg = base_cfg(run, target, dataset, "fp8", 8, dataset={"source": str(dataset), "max_samples": 48, "heldout": 8},
+                   seq_length=256, chat_mode="thinking",
+                   regenerate={"enabled": True, "max_tokens": 64, "keep_truncated": True, "temperature": 0.0},
+                   extract={"layer_ids": KIMI_IDS, "max_num_batched_tokens": 4096}, vocab={"draft_vocab_size": 128},
+                   train={"epochs": EPOCHS, "lr": 1e-3, "total_seq_len": 512, "seed": 0},
+                   current={"language_model_only": True})
+    cfg["target"]["trust_remote_code"] = True  # the checkpoint's own code, as the real one ships it
+    cfg = write_cfg(OUT / "kimi-fp8.json", cfg)
+    started = time.monotonic()
+    proc = pipeline([cfg, "run"], "kimi-fp8")
+    ok = record("kimi-fp8: mini-Kimi regenerate (thinking) -> prepare -> extract (fp8, language model only) -> vocab "
+                "-> train -> export", proc.returncode == 0,
+                f"{time.monotonic() - started:.0f} s; " + error_line(proc.stderr))
+    figure("kimi-fp8.backends", backend_lines(run))
+    if not ok:
+        return
+    reg = manifest(run, "regenerate")
+    figure("kimi-fp8.regenerate", {"counts": reg["counts"], "sampling": reg["regenerate"].get("sampling"),
+                                   "chat_mode": reg["regenerate"].get("chat_mode")})
+    for step in ("regenerate", "prepare", "extract", "vocab", "train", "export"):
+        figure(f"kimi-fp8.{step}_seconds", round(manifest(run, step)["seconds"], 1))
+    ext = manifest(run, "extract")["counts"]
+    figure("kimi-fp8.extract", {k: ext[k] for k in ("samples", "tokens", "bytes", "bytes_per_token", "hs_storage")})
+    win = extraction_window(run)
+    figure("kimi-fp8.extract_window", {**win, "gpu": gpu_util(win["window"])})
+    train_figures(run)
+    check_export(run, KIMI_IDS)
+    ev = write_cfg(OUT / "kimi-evaluate.json", {
+        "run_dir": str(run), "target": str(target), "python": sys.executable, "trust_remote_code": True,
+        "server_args": ["--trust-remote-code", "--language-model-only", *eval_server_args(512)],
+        "ready_timeout_s": 900, "chat_mode": "thinking", "prompt_sets": ["heldout"], "max_prompts": 8,
+        "max_tokens": 64, "concurrency": [1, 8], "baseline": True, "control": True})
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(FILES), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "specdec_pipeline.evaluate", str(ev), "run"], env=env, text=True,
+                          capture_output=True, timeout=1500, check=False)
+    (OUT / "logs" / "kimi-evaluate.stderr").write_text(proc.stderr)
+    ok = record("kimi-fp8: the evaluate stage serves the mini-Kimi with the export as its EAGLE-3 draft (baseline, "
+                "trained, control)", proc.returncode == 0,
+                (proc.stdout.strip().splitlines() or [error_line(proc.stderr)])[-1][:400])
+    figure("kimi-fp8.backends", backend_lines(run))
+    if ok:
+        res = json.loads((run / "evaluate" / "results.json").read_text())
+        held = res["sets"]["heldout"]
+        figure("kimi-fp8.evaluate", {"settings": res["settings"], "vllm": res["vllm"], "speedup": held["speedup"],
+                                     "variants": held["variants"]})
+        tr = held["variants"]["trained"]
+        record("kimi-fp8: vLLM drafts with the export on the mini-Kimi (spec-decode counters)",
+               (tr["by_concurrency"]["1"].get("drafts") or 0) > 0,
+               f"AL trained {tr['acceptance_length']} vs control {held['variants']['control']['acceptance_length']} "
+               "(random weights: the path, not a gain)")
+
+
 def machine() -> None:
     import importlib.metadata as md  # noqa: PLC0415
 
@@ -536,8 +612,12 @@ def main() -> int:
     try:
         machine()
         for name, fn in (("code-fp8", phase_code_fp8), ("eval-code", phase_eval_code), ("fused", phase_fused),
-                         ("tiny-bf16", phase_tiny_bf16), ("code-bf16", phase_code_bf16)):
+                         ("tiny-bf16", phase_tiny_bf16), ("code-bf16", phase_code_bf16), ("kimi-fp8", phase_kimi_fp8)):
             if name not in PHASES:
+                continue
+            if name == "kimi-fp8" and KIMI_TARGET is None:
+                state["phases"][name] = "skipped: KIMI_TARGET is not set (tests/gpu/fetch-current carries it when given)"
+                save()
                 continue
             if DEADLINE and elapsed() > DEADLINE:
                 state["phases"][name] = f"skipped at {elapsed()} s (deadline {DEADLINE:g} s)"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run the current track's GPU proof (tests/gpu/current_proof.py) on a machine with an NVIDIA GPU and no network.
 #
-#   tests/gpu/fetch-current DEST CODE_LM_DIR     # where PyPI is reachable: vLLM 0.26.0 (CUDA), its dependencies,
-#                                                # speculators 0.9.0, hs-connectors 0.9.0, the code LM, HEAD
+#   tests/gpu/fetch-current DEST CODE_LM_DIR [KIMI_DIR]  # where PyPI is reachable: vLLM 0.26.0 (CUDA), its
+#                                                # dependencies, speculators 0.9.0, hs-connectors 0.9.0, the code LM,
+#                                                # HEAD, the mini-Kimi when given (KIMI_TARGET on the GPU machine)
 #   tests/gpu/run-current.sh DEST/b* [OUT_DIR]   # on the GPU machine, from the repository root
 #
 # Each BUNDLE argument is copied to $CURRENT_STAGE (default /tmp/specdec-gpu); once every file of the MANIFEST has
@@ -52,12 +53,14 @@ tarfile.open(fileobj=zstandard.ZstdDecompressor().stream_reader(sys.stdin.buffer
   python3 -m compileall -q -j 0 "$stage/vsite/vllm" "$stage/dsite" >/dev/null 2>&1 || true
   mkdir -p "$stage/tree" && tar -C "$stage/tree" -xzf "$stage/in/tree.tar.gz"
   rm -rf "$stage/model" && cp -r "$stage/in/model" "$stage/model"
+  if [ -d "$stage/in/kimi" ]; then rm -rf "$stage/kimi" && cp -r "$stage/in/kimi" "$stage/kimi"; fi
   touch "$stage/installed"
   echo "installed: vLLM, $(ls "$stage"/in/*.whl | wc -l) wheels, the code LM, tree at $(cat "$stage/in/COMMIT")"
 fi
 [ "${CURRENT_PROOF_STAGE_ONLY:-0}" = 1 ] && exit 0
 
 export PYTHONPATH="$stage/vsite:$stage/dsite${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+if [ -d "$stage/kimi" ]; then export KIMI_TARGET=${KIMI_TARGET:-$stage/kimi}; fi
 export CODE_LM=${CODE_LM:-$stage/model} CURRENT_PROOF_OUT=$(realpath -m "$out") CURRENT_PROOF_COMMIT=$(cat "$stage/in/COMMIT")
 if [ -n "${CURRENT_PROOF_BACKGROUND:-}" ]; then
   rm -f "$stage/proof.rc"
