@@ -497,6 +497,23 @@ def phase_code_bf16() -> None:
 
 
 # -- machine ---------------------------------------------------------------------------------------------------
+def eval_python() -> str:
+    """The interpreter the evaluate stage is given. The stage asks it which vLLM it has with `python -I` (as of an
+    evaluation venv, where vLLM is installed); here vLLM and the wheels sit on PYTHONPATH (run-current.sh), which
+    -I ignores: a venv over this interpreter whose .pth names those folders answers as an installed one would."""
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).is_dir()]
+    if not extra:
+        return sys.executable
+    venv = OUT / "eval-venv"
+    py = venv / "bin" / "python"
+    if not py.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "specdec-gpu-proof.pth").write_text("".join(f"{p}\n" for p in extra))
+    return str(py)
+
+
 def backend_lines(run: Path) -> dict:
     """{log name: the lines of the run's server logs that name the attention backend vLLM chose (MLA on Kimi)}."""
     out = {}
@@ -543,7 +560,7 @@ def phase_kimi_fp8() -> None:
     train_figures(run)
     check_export(run, KIMI_IDS)
     ev = write_cfg(OUT / "kimi-evaluate.json", {
-        "run_dir": str(run), "target": str(target), "python": sys.executable, "trust_remote_code": True,
+        "run_dir": str(run), "target": str(target), "python": eval_python(), "trust_remote_code": True,
         "server_args": ["--trust-remote-code", "--language-model-only", *eval_server_args(512)],
         "ready_timeout_s": 900, "chat_mode": "thinking", "prompt_sets": ["heldout"], "max_prompts": 8,
         "max_tokens": 64, "concurrency": [1, 8], "baseline": True, "control": True})
