@@ -504,6 +504,8 @@ def eval_python() -> str:
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).is_dir()]
     if not extra:
         return sys.executable
+    # this interpreter may itself be a venv (torch lives there): its site folders too, after the carried ones
+    extra += [p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and p not in extra]
     venv = OUT / "eval-venv"
     py = venv / "bin" / "python"
     if not py.exists():
