@@ -397,6 +397,34 @@ def phase_eval_code() -> None:
             figure("code-fp8.extract_vs_prefill_c8", round(win["tokens_per_s"] / base["prefill_c8"]["tokens_per_s"], 3))
 
 
+def eval_python() -> str:
+    """The interpreter the evaluate stage is given. The stage asks it which vLLM it has with `python -I` (as of an
+    evaluation venv, where vLLM is installed); here vLLM and the wheels sit on PYTHONPATH (run-current.sh), which
+    -I ignores: a venv over this interpreter whose .pth names those folders answers as an installed one would."""
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).is_dir()]
+    if not extra:
+        return sys.executable
+    # this interpreter may itself be a venv (torch lives there): its site folders too, after the carried ones
+    extra += [p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and p not in extra]
+    venv = OUT / "eval-venv"
+    py = venv / "bin" / "python"
+    if not py.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "specdec-gpu-proof.pth").write_text("".join(f"{p}\n" for p in extra))
+    return str(py)
+
+
+def run_evaluate(ev: Path, log_name: str, timeout: float) -> subprocess.CompletedProcess:
+    """The evaluate stage's own command on the evaluation config EV; its stderr kept in logs/LOG_NAME.stderr."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(FILES), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "specdec_pipeline.evaluate", str(ev), "run"], env=env, text=True,
+                          capture_output=True, timeout=timeout, check=False)
+    (OUT / "logs" / f"{log_name}.stderr").write_text(proc.stderr)
+    return proc
+
+
 def phase_tiny_bf16() -> None:
     target = OUT / "tiny-target"
     dataset = FILES / "tiny_conversations.jsonl"
@@ -420,17 +448,14 @@ def phase_tiny_bf16() -> None:
     check_export(run, ids)
     hf_compare(target, run, ids, "bf16")
     ev = write_cfg(OUT / "tiny-evaluate.json", {
-        "run_dir": str(run), "target": str(target), "python": sys.executable, "server_args": eval_server_args(512),
+        "run_dir": str(run), "target": str(target), "python": eval_python(), "server_args": eval_server_args(512),
         "server_env": {"VLLM_CPU_KVCACHE_SPACE": "1"} if DEVICE == "cpu" else {}, "ready_timeout_s": 900,
         "prompt_sets": ["heldout"], "max_prompts": 8, "max_tokens": 64, "concurrency": [1],
         "baseline": os.environ.get("CURRENT_PROOF_TINY_BASELINE", "1") == "1", "control": True})
     if DEADLINE and elapsed() > DEADLINE + 120:
         record("tiny-bf16: the evaluate stage", False, f"not run: {elapsed()} s is past the deadline")
         return
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(FILES), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-m", "specdec_pipeline.evaluate", str(ev), "run"], env=env, text=True,
-                          capture_output=True, timeout=1200, check=False)
-    (OUT / "logs" / "tiny-evaluate.stderr").write_text(proc.stderr)
+    proc = run_evaluate(ev, "tiny-evaluate", 1200)
     ok = record("tiny-bf16: the evaluate stage serves the export with spec decode (baseline, trained, control)",
                 proc.returncode == 0, (proc.stdout.strip().splitlines() or [error_line(proc.stderr)])[-1][:400])
     if ok:
@@ -497,25 +522,6 @@ def phase_code_bf16() -> None:
 
 
 # -- machine ---------------------------------------------------------------------------------------------------
-def eval_python() -> str:
-    """The interpreter the evaluate stage is given. The stage asks it which vLLM it has with `python -I` (as of an
-    evaluation venv, where vLLM is installed); here vLLM and the wheels sit on PYTHONPATH (run-current.sh), which
-    -I ignores: a venv over this interpreter whose .pth names those folders answers as an installed one would."""
-    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).is_dir()]
-    if not extra:
-        return sys.executable
-    # this interpreter may itself be a venv (torch lives there): its site folders too, after the carried ones
-    extra += [p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and p not in extra]
-    venv = OUT / "eval-venv"
-    py = venv / "bin" / "python"
-    if not py.exists():
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
-    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    Path(site, "specdec-gpu-proof.pth").write_text("".join(f"{p}\n" for p in extra))
-    return str(py)
-
-
 def backend_lines(run: Path) -> dict:
     """{log name: the lines of the run's server logs that name the attention backend vLLM chose (MLA on Kimi)}."""
     out = {}
@@ -566,10 +572,7 @@ def phase_kimi_fp8() -> None:
         "server_args": ["--trust-remote-code", "--language-model-only", *eval_server_args(512)],
         "ready_timeout_s": 900, "chat_mode": "thinking", "prompt_sets": ["heldout"], "max_prompts": 8,
         "max_tokens": 64, "concurrency": [1, 8], "baseline": True, "control": True})
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(FILES), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-m", "specdec_pipeline.evaluate", str(ev), "run"], env=env, text=True,
-                          capture_output=True, timeout=1500, check=False)
-    (OUT / "logs" / "kimi-evaluate.stderr").write_text(proc.stderr)
+    proc = run_evaluate(ev, "kimi-evaluate", 1500)
     ok = record("kimi-fp8: the evaluate stage serves the mini-Kimi with the export as its EAGLE-3 draft (baseline, "
                 "trained, control)", proc.returncode == 0,
                 (proc.stdout.strip().splitlines() or [error_line(proc.stderr)])[-1][:400])
