@@ -1,19 +1,22 @@
-"""The progress line of one poll (roles/eagle3_pipeline/files/progress_line.py): rounded, and done only when
+"""The progress line of one poll (specdec_pipeline/progress_line.py): rounded, and done only when
 the async job's results file holds its final result."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[3] / "roles" / "eagle3_pipeline" / "files" / "progress_line.py"
+CODE = Path(__file__).resolve().parents[3] / "roles" / "eagle3_pipeline" / "files"
+ENV = {**os.environ, "PYTHONPATH": str(CODE)}
+CMD = [sys.executable, "-m", "specdec_pipeline.progress_line"]  # as both roles poll
 
 
 def poll(tmp_path, progress, job):
     (tmp_path / "p.json").write_text(json.dumps(progress))
     (tmp_path / "job").write_text(json.dumps(job))
-    out = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "p.json"), str(tmp_path / "job")],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([*CMD, str(tmp_path / "p.json"), str(tmp_path / "job")],
+                         capture_output=True, text=True, check=True, env=ENV).stdout
     return json.loads(out)
 
 
@@ -30,6 +33,21 @@ def test_extraction_progress_and_the_end_of_the_job(tmp_path):
 
 
 def test_no_progress_file_yet(tmp_path):
-    out = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "none.json"), str(tmp_path / "none")],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([*CMD, str(tmp_path / "none.json"), str(tmp_path / "none")],
+                         capture_output=True, text=True, check=True, env=ENV).stdout
     assert json.loads(out) == {"progress": "starting", "finished": False}
+
+
+def test_evaluate_progress_names_the_variant_and_what_it_waits_for(tmp_path):
+    # What the evaluate stage writes while a server starts: the message shows while running, not once finished.
+    p = {"step": "evaluate control", "state": "running", "done": 32, "total": 96, "unit": "requests",
+         "tokens_per_s": 0.0, "eta_s": 130, "message": "starting vLLM"}
+    assert poll(tmp_path, p, {"started": 1})["progress"] == \
+        "evaluate control: 32/96 requests, starting vLLM, ETA 2m10s"
+    assert poll(tmp_path, dict(p, state="finished"), {"rc": 0})["progress"] == "evaluate control: 32/96 requests"
+
+
+def test_before_anything_is_counted_the_line_says_what_the_step_does(tmp_path):
+    p = {"step": "evaluate", "state": "running", "done": 0, "total": 0, "unit": "requests",
+         "message": "loading the prompt sets"}
+    assert poll(tmp_path, p, {"started": 1}) == {"progress": "evaluate: loading the prompt sets", "finished": False}

@@ -39,9 +39,10 @@ from pathlib import Path
 from specdec_pipeline import chatmode, evaluate_upgrade, prompt_sets, report_evaluate
 from specdec_pipeline.config import read_config_file
 from specdec_pipeline.errors import PipelineError
-from specdec_pipeline.evaluate_measure import build_control_draft, measure
+from specdec_pipeline.evaluate_measure import build_control_draft, measure, requests_per_variant
 from specdec_pipeline.evaluate_record import fingerprint, gate, is_current, record, results, results_file, summary
 from specdec_pipeline.fsutil import read_json, write_json
+from specdec_pipeline.progress import Progress
 from specdec_pipeline.serve import owned_arg
 
 DEFAULTS = {
@@ -209,6 +210,11 @@ def server_context(server_args):
 
 # -- the stage ----------------------------------------------------------------------------------------------
 def run(cfg):
+    # A progress file of an earlier run must not speak for this one while the prompts load.
+    if Path(cfg["run_dir"]).is_dir():
+        out_path(cfg).mkdir(exist_ok=True)
+        write_json(out_path(cfg, "progress.json"), {"step": "evaluate", "state": "running", "done": 0, "total": 0,
+                                                    "unit": "requests", "message": "loading the prompt sets"})
     psets = load_sets(cfg)
     fp = fingerprint(cfg, psets)
     for name, digest in fp.get("remote_code", {}).items():
@@ -219,6 +225,7 @@ def run(cfg):
     if current:
         res = read_json(results_file(cfg))
         print("evaluate: up to date (export, prompts and settings unchanged) - skipped", file=sys.stderr)
+        Progress(out_path(cfg, "progress.json"), "evaluate (up to date)", 0, unit="requests").finish()
         changed = False
     else:
         print(f"evaluate: measuring ({why}); prompt sets "
@@ -226,12 +233,16 @@ def run(cfg):
               + f"; concurrency {cfg['concurrency']}", file=sys.stderr, flush=True)
         started = time.time()
         out_path(cfg).mkdir(parents=True, exist_ok=True)
-        variants = {"trained": measure(cfg, "trained", Path(cfg["export_dir"]), psets)}
+        names = ["trained"] + ["baseline"] * bool(cfg["baseline"]) + ["control"] * bool(cfg["control"])
+        prog = Progress(out_path(cfg, "progress.json"), "evaluate", len(names) * requests_per_variant(cfg, psets),
+                        unit="requests", interval=2.0)
+        variants = {"trained": measure(cfg, "trained", Path(cfg["export_dir"]), psets, prog)}
         if cfg["baseline"]:
-            variants["baseline"] = measure(cfg, "baseline", None, psets)
+            variants["baseline"] = measure(cfg, "baseline", None, psets, prog)
         if cfg["control"]:
             control_dir = build_control_draft(cfg["export_dir"], out_path(cfg, "control-draft"), cfg["seed"])
-            variants["control"] = measure(cfg, "control", control_dir, psets)
+            variants["control"] = measure(cfg, "control", control_dir, psets, prog)
+        prog.finish()
         res = results(cfg, variants, psets, fp, started)
         res["upgrade"] = evaluate_upgrade.compare(cfg, res, fp)
         res["plot"] = report_evaluate.plot(res, report_dir)

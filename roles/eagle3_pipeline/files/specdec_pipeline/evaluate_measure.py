@@ -11,6 +11,7 @@ random weights.
 import concurrent.futures
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -63,12 +64,44 @@ def _request(srv, cfg, prompt):
             "text": choice["text"], "finish_reason": choice.get("finish_reason")}
 
 
-def _batch(srv, cfg, prompts, concurrency):
-    """PROMPTS sent with CONCURRENCY requests in flight; (answers in prompt order, wall seconds)."""
+def _batch(srv, cfg, prompts, concurrency, answered=None):
+    """PROMPTS sent with CONCURRENCY requests in flight; (answers in prompt order, wall seconds). ANSWERED, when
+    given, is called with each answer as it arrives (from the sending threads)."""
+    def one(prompt):
+        answer = _request(srv, cfg, prompt)
+        if answered:
+            answered(answer)
+        return answer
+
     started = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(max_workers=concurrency) as pool:
-        done = list(pool.map(lambda p: _request(srv, cfg, p), prompts))
+        done = list(pool.map(one, prompts))
     return done, time.monotonic() - started
+
+
+def requests_per_variant(cfg, psets):
+    """How many requests measure() sends to one variant's server: the warm-up, then every set at every level."""
+    warmup = len(psets[0]["prompts"][: cfg["warmup_requests"]]) if psets else 0
+    return warmup + sum(len(p["prompts"]) for p in psets) * len(cfg["concurrency"])
+
+
+class _Ticker:
+    """The stage's progress (progress.Progress) advanced by one request at a time, from several threads."""
+
+    def __init__(self, prog, variant):
+        self.prog, self.variant, self.lock, self.doing = prog, variant, threading.Lock(), ""
+
+    def say(self, doing):
+        self.doing = doing
+        if self.prog:
+            with self.lock:
+                self.prog.step = f"evaluate {self.variant}"
+                self.prog.update(force=True, message=doing)
+
+    def answered(self, _answer):
+        if self.prog:
+            with self.lock:
+                self.prog.update(done=self.prog.done + 1, message=self.doing)
 
 
 def _figures(done, wall):
@@ -80,9 +113,9 @@ def _figures(done, wall):
             "outputs_sha256": sha256_json([d["text"] for d in done])}
 
 
-def measure(cfg, variant, draft_dir, psets):
+def measure(cfg, variant, draft_dir, psets, prog=None):
     """One server for VARIANT (DRAFT_DIR: the draft, None for the baseline); every prompt set of PSETS at every
-    concurrency level. Returns {"variant", "draft", "server_startup_s", "sets": {name: figures}} where a set's
+    concurrency level; PROG (progress.Progress), when given, counts each answered request. Returns {"variant", "draft", "server_startup_s", "sets": {name: figures}} where a set's
     figures hold one entry per concurrency level (tokens/s, and with a draft its own AL) and, with a draft, the
     AL and per-position acceptance over all its levels."""
     log_path = Path(cfg["run_dir"]) / "logs" / f"evaluate-serve-{variant}.log"
@@ -92,6 +125,8 @@ def measure(cfg, variant, draft_dir, psets):
     port = cfg["port"] or free_port(cfg["host"])
     name = f"vLLM server ({variant})"
     sets = {}
+    tick = _Ticker(prog, variant)
+    tick.say("starting vLLM")
     with VllmServer(server_argv(cfg, draft_dir, port), host=cfg["host"], port=port, env=env, log_path=log_path,
                     ready_timeout_s=cfg["ready_timeout_s"], ready_path="/health", name=name) as srv:
         who = f"evaluate: the {name}"
@@ -103,14 +138,16 @@ def measure(cfg, variant, draft_dir, psets):
             return metrics.finished_requests(scrape(), who)
 
         warmup = psets[0]["prompts"][: cfg["warmup_requests"]]
+        tick.say("warm-up")
         for p in warmup:
-            _request(srv, cfg, p)
+            tick.answered(_request(srv, cfg, p))
         counted = metrics.check_finished(finished, 0, len(warmup), who)  # a fresh server: only our warm-up
         for pset in psets:
             prompts, levels, total = pset["prompts"], {}, None
             for level in cfg["concurrency"]:
                 before = metrics.spec_decode(scrape())
-                done, wall = _batch(srv, cfg, prompts, level)
+                tick.say(f"{pset['name']} at concurrency {level}")
+                done, wall = _batch(srv, cfg, prompts, level, tick.answered)
                 counted += metrics.check_finished(finished, counted, len(prompts), who)
                 after_text = scrape()
                 fig = _figures(done, wall)

@@ -57,8 +57,10 @@ class Progress:
             "tokens_per_s": round(self.tokens / elapsed, 1), "elapsed_s": round(elapsed, 1),
             "eta_s": None if eta is None else round(eta, 1), "message": message, "updated": time.time(),
         })
-        log.info("%s: %s/%s %s, %.1f tokens/s%s", self.step, self.done, self.total, self.unit,
-                 self.tokens / elapsed, "" if eta is None else f", ETA {eta:.0f}s")
+        # tokens/s only for a step that counts tokens (training counts epochs: "0.0 tokens/s" would mislead)
+        log.info("%s: %s/%s %s%s%s", self.step, self.done, self.total, self.unit,
+                 f", {self.tokens / elapsed:.1f} tokens/s" if self.tokens else "",
+                 "" if eta is None else f", ETA {eta:.0f}s")
 
     def finish(self, message=""):
         self.update(force=True, state="finished", message=message)
