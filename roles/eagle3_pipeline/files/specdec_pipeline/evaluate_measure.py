@@ -115,9 +115,10 @@ def _figures(done, wall):
 
 def measure(cfg, variant, draft_dir, psets, prog=None):
     """One server for VARIANT (DRAFT_DIR: the draft, None for the baseline); every prompt set of PSETS at every
-    concurrency level; PROG (progress.Progress), when given, counts each answered request. Returns {"variant", "draft", "server_startup_s", "sets": {name: figures}} where a set's
-    figures hold one entry per concurrency level (tokens/s, and with a draft its own AL) and, with a draft, the
-    AL and per-position acceptance over all its levels."""
+    concurrency level; PROG (progress.Progress), when given, counts each answered request. Returns {"variant",
+    "draft", "server_startup_s", "sets": {name: figures}} where a set's figures hold one entry per concurrency level
+    (tokens/s, and with a draft its own AL) and, with a draft, the AL and per-position acceptance over all its
+    levels."""
     log_path = Path(cfg["run_dir"]) / "logs" / f"evaluate-serve-{variant}.log"
     # HF_HUB_OFFLINE=1 after server_env: nothing of the target (an auto_map's code included) comes from the hub
     env = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", **cfg["server_env"], **remote_code.OFFLINE_ENV}
