@@ -64,7 +64,7 @@ def test_the_run_task_names_the_signal_that_ended_the_pipeline(tmp_path):
     """roles/eagle3_pipeline/tasks/run.yml (async shell, async_status, fail) with an interpreter whose pipeline run
     (`python -m specdec_pipeline ...`) a real SIGILL ends; every other call goes to the real interpreter."""
     python = tmp_path / "python"
-    python.write_text(f'#!/bin/sh\nif [ "$1" = "-m" ]; then kill -ILL $$; fi\nexec "{sys.executable}" "$@"\n')
+    python.write_text(f'#!/bin/sh\nif [ "$1 $2" = "-m specdec_pipeline" ]; then kill -ILL $$; fi\nexec "{sys.executable}" "$@"\n')
     python.chmod(0o755)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
