@@ -213,8 +213,8 @@ def run(cfg):
     # A progress file of an earlier run must not speak for this one while the prompts load.
     if Path(cfg["run_dir"]).is_dir():
         out_path(cfg).mkdir(exist_ok=True)
-        write_json(out_path(cfg, "progress.json"), {"step": "evaluate", "state": "running", "done": 0, "total": 0,
-                                                    "unit": "requests", "message": "loading the prompt sets"})
+        Progress(out_path(cfg, "progress.json"), "evaluate", 0, unit="requests").update(
+            force=True, message="loading the prompt sets")
     psets = load_sets(cfg)
     fp = fingerprint(cfg, psets)
     for name, digest in fp.get("remote_code", {}).items():
@@ -233,8 +233,8 @@ def run(cfg):
               + f"; concurrency {cfg['concurrency']}", file=sys.stderr, flush=True)
         started = time.time()
         out_path(cfg).mkdir(parents=True, exist_ok=True)
-        names = ["trained"] + ["baseline"] * bool(cfg["baseline"]) + ["control"] * bool(cfg["control"])
-        prog = Progress(out_path(cfg, "progress.json"), "evaluate", len(names) * requests_per_variant(cfg, psets),
+        n_variants = 1 + bool(cfg["baseline"]) + bool(cfg["control"])  # trained, then the optional two
+        prog = Progress(out_path(cfg, "progress.json"), "evaluate", n_variants * requests_per_variant(cfg, psets),
                         unit="requests", interval=2.0)
         variants = {"trained": measure(cfg, "trained", Path(cfg["export_dir"]), psets, prog)}
         if cfg["baseline"]:
