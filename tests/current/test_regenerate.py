@@ -162,7 +162,11 @@ def test_evaluate_refuses_bad_prompts_in_one_line_before_any_server_starts(tmp_p
     assert not run_dir.exists()  # no server log, no results: nothing was started or written
 
 
-def test_sigkill_during_regenerate_resumes_exactly(tmp_path):
+def test_sigkill_during_regenerate_resumes_exactly_and_a_changed_temperature_regenerates_beside(tmp_path):
+    """One run, two kills (one test: each kill and resume costs two server starts). A SIGKILL mid-regenerate, then
+    the resume answers only what is left; unchanged, a re-run starts no server; with a new temperature the answers
+    are built beside the finished ones, a SIGKILL then leaves those and the manifest untouched, and the resume swaps
+    the new set in whole."""
     cfg = config(tmp_path)
     run_dir = tmp_path / "run"
     ledger = run_dir / "regenerate" / "finished.jsonl"
@@ -170,25 +174,18 @@ def test_sigkill_during_regenerate_resumes_exactly(tmp_path):
     before = {json.loads(x)["id"]: json.loads(x) for x in ledger.read_text().splitlines() if x.strip()}
     assert 2 <= len(before) < SAMPLES
     assert not (run_dir / "manifests" / "regenerate.json").exists()
-    kept = {i: (run_dir / "regenerate" / "conversations" / f"c_{i}.json").read_bytes() for i in before}
+    answered = {i: (run_dir / "regenerate" / "conversations" / f"c_{i}.json").read_bytes() for i in before}
 
     second = pipeline(cfg)
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"{len(before)} finished, {SAMPLES - len(before)} to do" in second.stderr
     ids = ledger_ids(ledger)
     assert len(ids) == len(set(ids)) == SAMPLES, ids  # no conversation twice, none lost
-    rows = check_answers(run_dir, cfg)
-    for i, data in kept.items():  # what was answered before the kill is kept, not answered again
-        assert (run_dir / "regenerate" / "conversations" / f"c_{i}.json").read_bytes() == data
-        assert json.loads(data) == next(r for r in rows if r["source_index"] == i)
-
-
-def test_changed_temperature_regenerates_beside_the_old_answers(tmp_path):
-    cfg = config(tmp_path)
-    run_dir = tmp_path / "run"
-    first = pipeline(cfg)
-    assert first.returncode == 0, first.stderr[-3000:]
     old_rows = check_answers(run_dir, cfg)
+    for i, data in answered.items():  # what was answered before the kill is kept, not answered again
+        assert (run_dir / "regenerate" / "conversations" / f"c_{i}.json").read_bytes() == data
+        assert json.loads(data) == next(r for r in old_rows if r["source_index"] == i)
+
     again = pipeline(cfg)  # unchanged: skipped, no server
     assert again.returncode == 0 and "regenerate: up to date" in again.stderr, again.stderr[-2000:]
     kept, manifest = digests(run_dir / "regenerate"), (run_dir / "manifests" / "regenerate.json").read_bytes()
