@@ -79,10 +79,14 @@ def _batch(srv, cfg, prompts, concurrency, answered=None):
     return done, time.monotonic() - started
 
 
+def _warmup_prompts(cfg, psets):
+    """The prompts measure() sends first to a fresh server, uncounted: the first set's first few."""
+    return psets[0]["prompts"][: cfg["warmup_requests"]] if psets else []
+
+
 def requests_per_variant(cfg, psets):
     """How many requests measure() sends to one variant's server: the warm-up, then every set at every level."""
-    warmup = len(psets[0]["prompts"][: cfg["warmup_requests"]]) if psets else 0
-    return warmup + sum(len(p["prompts"]) for p in psets) * len(cfg["concurrency"])
+    return len(_warmup_prompts(cfg, psets)) + sum(len(p["prompts"]) for p in psets) * len(cfg["concurrency"])
 
 
 class _Ticker:
@@ -138,7 +142,7 @@ def measure(cfg, variant, draft_dir, psets, prog=None):
         def finished():
             return metrics.finished_requests(scrape(), who)
 
-        warmup = psets[0]["prompts"][: cfg["warmup_requests"]]
+        warmup = _warmup_prompts(cfg, psets)
         tick.say("warm-up")
         for p in warmup:
             tick.answered(_request(srv, cfg, p))
