@@ -70,8 +70,11 @@ def start_and_kill(cfg, ledger, at_least, log_path):
         deadline = time.monotonic() + 1200
         while time.monotonic() < deadline and proc.poll() is None:
             if ledger.exists() and len(ledger.read_text().splitlines()) >= at_least:
+                # Frozen at once (no handler runs on SIGSTOP either), so that the server, which answers the rest
+                # within a second or two, cannot finish the run while its processes are looked up.
+                os.kill(proc.pid, signal.SIGSTOP)
                 break
-            time.sleep(0.1)
+            time.sleep(0.05)
         assert proc.poll() is None, "the run ended before it could be killed: " + log_path.read_text()[-2000:]
         sids = server_sessions(proc.pid)
         assert sids, "no regenerate server found while regenerating"
