@@ -126,6 +126,18 @@ def test_cpu_connector_gathers_the_rows_of_a_request():
     assert out.strip() == "(6, 2, 3) True"
 
 
+def freeze_once_listed(proc, ledger, at_least, timeout=1200):
+    """Wait until LEDGER lists AT_LEAST records, then freeze PROC at once (SIGSTOP: no handler runs, as with the
+    SIGKILL that follows): its server finishes the rest within a second or two, faster than the caller looks up the
+    server's processes. PROC may have ended first; the caller asserts it did not."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if ledger.exists() and len(ledger.read_text().splitlines()) >= at_least:
+            os.kill(proc.pid, signal.SIGSTOP)
+            return
+        time.sleep(0.05)
+
+
 def _server_left(marker):
     out = subprocess.run(["ps", "-eww", "-o", "pid,args"], text=True, capture_output=True, check=True).stdout
     return [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
@@ -155,14 +167,7 @@ def test_sigkill_while_a_changed_extraction_is_built_keeps_the_finished_one_then
     finished = new / "finished.jsonl"
     with open(tmp_path / "first.log", "w") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 1200
-        while time.monotonic() < deadline and proc.poll() is None:
-            if finished.exists() and len(finished.read_text().splitlines()) >= 3:
-                # Frozen at once (no handler runs on SIGSTOP either): the server extracts the other samples within
-                # a second or two, faster than its processes are looked up below.
-                os.kill(proc.pid, signal.SIGSTOP)
-                break
-            time.sleep(0.05)
+        freeze_once_listed(proc, finished, 3)
         assert proc.poll() is None, "the run ended before it could be killed: " + (tmp_path / "first.log").read_text()[-2000:]
         server_sids = _sessions(str(new / "staging"))
         assert server_sids, "no extraction server found while extracting"

@@ -24,6 +24,7 @@ from test_current_track import (
     TARGET,
     digests,
     error_lines,
+    freeze_once_listed,
     pipeline_env,
     venv_python,
     write_config,
@@ -67,14 +68,7 @@ def start_and_kill(cfg, ledger, at_least, log_path):
     argv = [str(PY), "-m", "specdec_pipeline", str(cfg), "run", "--until", "regenerate"]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(argv, env=pipeline_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 1200
-        while time.monotonic() < deadline and proc.poll() is None:
-            if ledger.exists() and len(ledger.read_text().splitlines()) >= at_least:
-                # Frozen at once (no handler runs on SIGSTOP either), so that the server, which answers the rest
-                # within a second or two, cannot finish the run while its processes are looked up.
-                os.kill(proc.pid, signal.SIGSTOP)
-                break
-            time.sleep(0.05)
+        freeze_once_listed(proc, ledger, at_least)
         assert proc.poll() is None, "the run ended before it could be killed: " + log_path.read_text()[-2000:]
         sids = server_sessions(proc.pid)
         assert sids, "no regenerate server found while regenerating"

@@ -5,6 +5,7 @@ Runs the script the way the role does (`python -I -c <its text> [--check] DIR`) 
 module from the .pyc (what the pipeline user meets in root's venv).
 """
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -22,7 +23,6 @@ def run(tree, check=False):
 
 
 def pyc(path):
-    import importlib.util
     return Path(importlib.util.cache_from_source(str(path)))
 
 
