@@ -1,0 +1,103 @@
+"""The ml_venv role's prune_cache entry point, run through the real role with ansible-playbook.
+
+The role's own main tasks install the pinned uv (pip with --require-hashes, from the package index or pip's cache)
+into a prefix under tmp_path and create the venv; uv then installs a small wheel built here, so the cache holds an
+entry that an install refers to. An entry nothing refers to (what a --reinstall-package leaves behind) is planted
+beside it. Pruning must remove that one only, report a change only when it removed something, and remove nothing in
+check mode.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[3]
+PRUNE = "Remove the uv cache's entries that no install refers to"
+PYVER = f"{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+def wheel(folder: Path) -> Path:
+    """A minimal valid pure-Python wheel, tinypkg 1.0."""
+    files = {"tinypkg/__init__.py": b"VALUE = 1\n",
+             "tinypkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n",
+             "tinypkg-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = [f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}"
+              for p, d in files.items()] + ["tinypkg-1.0.dist-info/RECORD,,"]
+    files["tinypkg-1.0.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
+    path = folder / "tinypkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    return path
+
+
+def play(tmp_path: Path, tasks: list, *args: str):
+    """Run TASKS on localhost with the role's variables pointed under tmp_path; return {task name: result}."""
+    prefix = tmp_path / "prefix"
+    book = tmp_path / "play.yml"
+    book.write_text(yaml.safe_dump([{
+        "name": "Exercise the ml_venv role", "hosts": "localhost", "gather_facts": False, "connection": "local",
+        "vars": {"ansible_python_interpreter": sys.executable, "specdec_prefix": str(prefix),
+                 "specdec_venv_path": str(prefix / "venv"), "specdec_python_version": PYVER,
+                 "specdec_extra_ca_bundle": "", "ml_venv_python": sys.executable, "ml_venv_seed": False},
+        "tasks": tasks}]))
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(ROOT / "collections"), ANSIBLE_STDOUT_CALLBACK="json",
+               ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false", ANSIBLE_NOCOLOR="1")
+    proc = subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,", str(book), *args],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    results = {}
+    for task in json.loads(proc.stdout)["plays"][0]["tasks"]:
+        results[task["task"]["name"].split(" : ", 1)[-1]] = task["hosts"]["localhost"]
+    return results
+
+
+def prune(tmp_path: Path, *args: str) -> dict:
+    return play(tmp_path, [{"name": "Prune", "ansible.builtin.include_role": {
+        "name": "specdec.eagle3.ml_venv", "tasks_from": "prune_cache"}}], *args)[PRUNE]
+
+
+def test_prune_removes_only_what_no_install_refers_to(tmp_path):
+    whl = wheel(tmp_path)
+    play(tmp_path, [
+        {"name": "Create the venv", "ansible.builtin.include_role": {"name": "specdec.eagle3.ml_venv"}},
+        {"name": "Install a wheel", "ansible.builtin.command": {
+            "argv": "{{ [ml_venv_uv_bin, 'pip', 'install', '--python', ml_venv_python_bin, '" + str(whl) + "'] }}"},
+         "environment": "{{ ml_venv_install_env }}"},
+    ])
+    archive = tmp_path / "prefix" / "cache" / "uv" / "archive-v0"
+    kept = sorted(p.name for p in archive.iterdir())
+    assert len(kept) == 1, kept  # the installed wheel's unpacked copy
+
+    orphan = archive / "orphan0123456789"
+    (orphan / "tinypkg").mkdir(parents=True)
+    (orphan / "tinypkg" / "__init__.py").write_text("VALUE = 0\n")
+
+    # Check mode removes nothing and reports no change.
+    result = prune(tmp_path, "--check")
+    assert result.get("skipped") is True and orphan.is_dir()
+
+    result = prune(tmp_path)
+    assert result["changed"] is True and result["rc"] == 0, result
+    assert sorted(p.name for p in archive.iterdir()) == kept, "prune removed the wrong entries"
+    # The venv still imports the installed package (its files were copied out of the cache, not linked).
+    venv_python = tmp_path / "prefix" / "venv" / "bin" / "python"
+    assert subprocess.run([str(venv_python), "-c", "import tinypkg; assert tinypkg.VALUE == 1"], check=False).returncode == 0
+
+    # Nothing left to remove: no change.
+    result = prune(tmp_path)
+    assert result["changed"] is False and result["rc"] == 0, result
+
+    # Switched off: not run at all.
+    orphan.mkdir()
+    result = prune(tmp_path, "-e", "ml_venv_prune_cache=false")
+    assert result.get("skipped") is True and orphan.is_dir()
