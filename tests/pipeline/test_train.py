@@ -84,3 +84,25 @@ def test_vllm_0_16_captures_the_input_of_each_aux_layer():
     append = re.search(r"aux_hidden_states\.append\(hidden_states \+ residual\)", loop)
     call = re.search(r"hidden_states, residual = layer\(", loop)
     assert append and call and append.start() < call.start()
+
+
+def test_training_progress_never_counts_past_its_total(tmp_path):
+    """The batch sampler packs anew each epoch, so an epoch may run more batches than the loader's length: the
+    progress total follows what ended epochs ran, done never exceeds it and no ETA is negative."""
+    import logging
+
+    from specdec_pipeline.tracks.patched.train_worker import MetricsFile
+
+    handler = MetricsFile(tmp_path / "metrics.jsonl", tmp_path / "progress.json", total_epochs=2, steps_per_epoch=4)
+    seen = []
+    for epoch, batches in ((0, 5), (1, 5)):
+        for _unused in range(batches):
+            handler.emit(logging.makeLogRecord({"msg": {"train": {"loss": 0.5}, "epoch": epoch}}))
+            p = json.loads((tmp_path / "progress.json").read_text())
+            seen.append((p["epoch"], p["done"], p["total"], p["eta_s"]))
+    assert all(done <= total for _e, done, total, _eta in seen), seen
+    assert all(eta is None or eta >= 0 for *_x, eta in seen), seen
+    # Epoch 0: the loader's estimate (8), then the batches done once they pass it; from epoch 1: 5 per epoch.
+    assert [total for _e, _d, total, _eta in seen] == [8, 8, 8, 8, 8, 10, 10, 10, 10, 10], seen
+    assert seen[-1][1:3] == (10, 10)
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 10

@@ -28,7 +28,13 @@ from specdec_pipeline.tracks.patched import cpu_attention, fsdp_init, vllm_layer
 
 
 class MetricsFile(logging.Handler):
-    """Appends speculators' metric records (its 'speculators.metrics' logger) to metrics.jsonl + progress."""
+    """Appends speculators' metric records (its 'speculators.metrics' logger) to metrics.jsonl + progress.
+
+    The batch sampler packs samples anew each epoch, so an epoch's batch count differs from the loader's length
+    (37 estimated, 39 run on the tiny target). The total is the loader's length times the epochs until an epoch
+    has ended, then what the ended epochs averaged; it never falls below the batches done, and no ETA is given
+    once the estimate is used up.
+    """
 
     def __init__(self, path, progress_path, total_epochs, steps_per_epoch):
         super().__init__()
@@ -36,6 +42,13 @@ class MetricsFile(logging.Handler):
         self.total_epochs, self.steps_per_epoch = total_epochs, steps_per_epoch
         self.start = time.monotonic()
         self.steps = 0
+        self.epoch = None
+        self.epoch_first_step = 1  # the step number the current epoch began with
+
+    def total(self):
+        ended = self.epoch if isinstance(self.epoch, int) and self.epoch > 0 else 0
+        per_epoch = (self.epoch_first_step - 1) / ended if ended else self.steps_per_epoch
+        return max(round(per_epoch * self.total_epochs), self.steps)
 
     def emit(self, record):
         msg = record.msg if isinstance(record.msg, dict) else {"text": str(record.msg)}
@@ -44,13 +57,16 @@ class MetricsFile(logging.Handler):
             f.write(json.dumps(row, default=float) + "\n")
         if "train" in msg:
             self.steps += 1
+            if msg.get("epoch") != self.epoch:
+                self.epoch, self.epoch_first_step = msg.get("epoch"), self.steps
             elapsed = time.monotonic() - self.start
-            total = self.total_epochs * self.steps_per_epoch
+            total = self.total()
             rate = self.steps / max(elapsed, 1e-6)
             write_json(self.progress_path, {
                 "step": "train", "state": "running", "done": self.steps, "total": total, "unit": "batches",
                 "epoch": msg.get("epoch"), "loss": msg["train"].get("loss"), "tokens_per_s": None,
-                "elapsed_s": round(elapsed, 1), "eta_s": round((total - self.steps) / rate, 1) if rate else None,
+                "elapsed_s": round(elapsed, 1),
+                "eta_s": round((total - self.steps) / rate, 1) if rate and total > self.steps else None,
                 "message": "", "updated": time.time()})
 
 
