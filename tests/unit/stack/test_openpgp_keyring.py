@@ -7,7 +7,6 @@ come from file:// URLs; the role runs through ansible-playbook on localhost in c
 """
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -19,6 +18,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 MODULE = ROOT / "plugins" / "modules" / "openpgp_keyring.py"
 NVIDIA_3BF863CC = "EB693B3035CD5710E231E123A4B469963BF863CC"
+sys.path.insert(0, str(ROOT / "tests" / "unit"))
+from playbook_json import run_tasks  # noqa: E402 - tests/unit is not a package
 pytestmark = pytest.mark.skipif(shutil.which("gpg") is None, reason="needs gpg to make the test keys")
 
 
@@ -51,24 +52,6 @@ def keys(tmp_path_factory):
         [fpr] = show_keys(binary)
         out[name] = {"gpg": binary, "asc": armored, "fpr": fpr}
     return out
-
-
-def play(tmp_path, tasks, check=False, extra=None):
-    """Run tasks on localhost: (exit status, the results of the last play's tasks by name)."""
-    book = tmp_path / "play.yml"
-    book.write_text(json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": tasks}]))
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(ROOT / "collections"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_STDOUT_CALLBACK="json", ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-               ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false")
-    cmd = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,", "-c", "local",
-           "-e", json.dumps({"ansible_python_interpreter": sys.executable, **(extra or {})}), str(book)]
-    if check:
-        cmd.append("--check")
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
-    results = {}
-    for task in json.loads(proc.stdout)["plays"][-1]["tasks"]:
-        results[task["task"]["name"]] = task["hosts"].get("localhost", {})
-    return proc.returncode, results
 
 
 def one_line(res, *words):
@@ -126,7 +109,7 @@ def test_the_driver_role_refuses_a_keyring_that_is_not_nvidias(tmp_path, keys):
     tasks = [{"name": "facts", "ansible.builtin.setup": {"gather_subset": ["min"]}},
              {"name": "role", "ansible.builtin.include_role": {
                  "name": "specdec.eagle3.nvidia_driver", "tasks_from": "repository"}}]
-    rc, res = play(tmp_path, tasks, check=True, extra={"nvidia_driver_keyring_path": str(dest)})
+    rc, res = run_tasks(tmp_path, tasks, "--check", "-e", json.dumps({"nvidia_driver_keyring_path": str(dest)}))
     assert rc != 0
     [failed] = [r for r in res.values() if r.get("failed")]
     pinned = NVIDIA_3BF863CC if "bookworm" in Path("/etc/os-release").read_text() else ""

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
-import os
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "tests" / "unit"))
+from playbook_json import run_tasks  # noqa: E402 - tests/unit is not a package
 PRUNE = "Remove the uv cache's entries that no install refers to"
 PYVER = f"{sys.version_info[0]}.{sys.version_info[1]}"
 
@@ -40,24 +38,13 @@ def wheel(folder: Path) -> Path:
     return path
 
 
-def play(tmp_path: Path, tasks: list, *args: str):
+def play(tmp_path: Path, tasks: list, *args: str) -> dict:
     """Run TASKS on localhost with the role's variables pointed under tmp_path; return {task name: result}."""
     prefix = tmp_path / "prefix"
-    book = tmp_path / "play.yml"
-    book.write_text(yaml.safe_dump([{
-        "name": "Exercise the ml_venv role", "hosts": "localhost", "gather_facts": False, "connection": "local",
-        "vars": {"ansible_python_interpreter": sys.executable, "specdec_prefix": str(prefix),
-                 "specdec_venv_path": str(prefix / "venv"), "specdec_python_version": PYVER,
-                 "specdec_extra_ca_bundle": "", "ml_venv_python": sys.executable, "ml_venv_seed": False},
-        "tasks": tasks}]))
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(ROOT / "collections"), ANSIBLE_STDOUT_CALLBACK="json",
-               ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false", ANSIBLE_NOCOLOR="1")
-    proc = subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,", str(book), *args],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, check=False)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    results = {}
-    for task in json.loads(proc.stdout)["plays"][0]["tasks"]:
-        results[task["task"]["name"].split(" : ", 1)[-1]] = task["hosts"]["localhost"]
+    rc, results = run_tasks(tmp_path, tasks, *args, play_vars={
+        "specdec_prefix": str(prefix), "specdec_venv_path": str(prefix / "venv"), "specdec_python_version": PYVER,
+        "specdec_extra_ca_bundle": "", "ml_venv_python": sys.executable, "ml_venv_seed": False})
+    assert rc == 0, results
     return results
 
 
