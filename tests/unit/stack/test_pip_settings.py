@@ -30,11 +30,19 @@ def test_find_links_indexes_and_constraints_reach_uv(tmp_path):
     assert got["args"] == ["--find-links", str(wheels), "--extra-index-url", "https://mirror.example/simple",
                            "--constraint", f"{tmp_path}/c.txt"]
     assert got["dropped"] == [f"file://{tmp_path}/missing-index"]
+    # The indexes pip itself consults: PyPI (no index-url set) and the extra index that exists.
+    assert got["indexes"] == ["https://pypi.org/simple", "https://mirror.example/simple"]
 
 
 def test_the_environment_variable_wins_over_the_file(tmp_path):
     got = settings(tmp_path, "[global]\nindex-url = https://a.example/simple\n", PIP_INDEX_URL="https://b.example/simple")
     assert got["args"][:2] == ["--index-url", "https://b.example/simple"]
+    assert got["indexes"] == ["https://b.example/simple"]
+
+
+def test_no_index_consults_no_index(tmp_path):
+    got = settings(tmp_path, "[global]\nextra-index-url = https://a.example/simple\nno-index = true\n")
+    assert got["indexes"] == [] and "--no-index" in got["args"]
 
 
 def test_no_settings_no_arguments(tmp_path):

@@ -9,33 +9,17 @@ check mode.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests" / "unit"))
 from playbook_json import run_tasks  # noqa: E402 - tests/unit is not a package
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tinywheel import wheel  # noqa: E402 - tests/unit/stack is not a package
 PRUNE = "Remove the uv cache's entries that no install refers to"
 PYVER = f"{sys.version_info[0]}.{sys.version_info[1]}"
-
-
-def wheel(folder: Path) -> Path:
-    """A minimal valid pure-Python wheel, tinypkg 1.0."""
-    files = {"tinypkg/__init__.py": b"VALUE = 1\n",
-             "tinypkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n",
-             "tinypkg-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
-    record = [f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}"
-              for p, d in files.items()] + ["tinypkg-1.0.dist-info/RECORD,,"]
-    files["tinypkg-1.0.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
-    path = folder / "tinypkg-1.0-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as zf:
-        for name, data in files.items():
-            zf.writestr(name, data)
-    return path
 
 
 def play(tmp_path: Path, tasks: list, *args: str) -> dict:
@@ -78,7 +62,7 @@ def test_prune_removes_only_what_no_install_refers_to(tmp_path):
     assert sorted(p.name for p in archive.iterdir()) == kept, "prune removed the wrong entries"
     # The venv still imports the installed package (its files were copied out of the cache, not linked).
     venv_python = tmp_path / "prefix" / "venv" / "bin" / "python"
-    assert subprocess.run([str(venv_python), "-c", "import tinypkg; assert tinypkg.VALUE == 1"], check=False).returncode == 0
+    assert subprocess.run([str(venv_python), "-c", "import tinypkg; assert tinypkg.VALUE == '1.0'"], check=False).returncode == 0
 
     # Nothing left to remove: no change.
     result = prune(tmp_path)

@@ -44,7 +44,8 @@ def with_flags(add: str = "", drop: tuple = ()) -> str:
 
 
 def run_pin(tmp_path: Path, extra: dict | None = None, **variables):
-    """Run the role's pin task file on localhost; return (rc, pin, argv, output). EXTRA goes in as -e."""
+    """Run the role's pin task file on localhost; return (rc, pin, argv, output): argv is `--python <venv python>`
+    and the arguments of the uv install. EXTRA goes in as -e."""
     out = tmp_path / "pin.json"
     play = [{
         "name": "Compute the vLLM pin", "hosts": "localhost", "gather_facts": False, "connection": "local",
@@ -54,7 +55,7 @@ def run_pin(tmp_path: Path, extra: dict | None = None, **variables):
             {"name": "Check the pin", "ansible.builtin.include_role": {"name": "specdec.eagle3.vllm", "tasks_from": "pin", "public": True}},
             {"name": "Write the pin", "ansible.builtin.copy": {
                 "dest": str(out), "mode": "0644",
-                "content": "{{ {'pin': vllm_pin_wanted, 'argv': vllm_install_argv, 'req': vllm_requirement_line} | to_json }}"}},
+                "content": "{{ {'pin': vllm_pin_wanted, 'argv': ['--python', vllm_venv_path ~ '/bin/python'] + vllm_install_args, 'req': vllm_requirement_line} | to_json }}"}},
         ],
     }]
     book = tmp_path / "play.yml"
@@ -80,8 +81,7 @@ def test_kimi_nightly_pin_builds_the_per_commit_index_command(tmp_path):
     assert pin["version"] == "0.16.0rc2.dev344+gea5f903f8"
     assert req == "vllm==0.16.0rc2.dev344+gea5f903f8"
     # The venv is the shared default (roles/specdec: <specdec_prefix>/ml-env); the role keeps no fallback of its own.
-    assert argv == ["/opt/uv/bin/uv", "pip", "install", "--python", "/opt/specdec/ml-env/bin/python",
-                    "--reinstall-package", "vllm", "--torch-backend=cu129",
+    assert argv == ["--python", "/opt/specdec/ml-env/bin/python", "--reinstall-package", "vllm", "--torch-backend=cu129",
                     "--extra-index-url=https://wheels.vllm.ai/ea5f903f80fec5afd4960a3846b8a84b0e53ca6e/cu129/",
                     "-r", "/tmp/req.txt"]
 
@@ -115,7 +115,7 @@ def test_wheel_mode_reads_the_version_from_the_wheel_url(tmp_path):
     assert rc == 0, out
     assert pin["version"] == "0.16.0rc2.dev344+gea5f903f8"
     assert pin["index_url"] == "" and pin["torch_backend"] == ""
-    assert argv[:8] == ["/opt/uv/bin/uv", "pip", "install", "--python", "/v/bin/python", "--reinstall-package", "vllm", "--no-deps"]
+    assert argv[:5] == ["--python", "/v/bin/python", "--reinstall-package", "vllm", "--no-deps"]
 
 
 @pytest.mark.parametrize("override, message", [

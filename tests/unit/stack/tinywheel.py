@@ -1,0 +1,41 @@
+"""Small valid pure-Python wheels and PEP 503 file indexes built in a test's folder (no network, no build tools)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import zipfile
+from pathlib import Path
+
+
+def wheel(folder: Path, name: str = "tinypkg", version: str = "1.0") -> Path:
+    """The wheel NAME VERSION (one module NAME with VALUE = VERSION) in FOLDER; returns its path."""
+    module = name.replace("-", "_")
+    dist = f"{module}-{version}"
+    files = {f"{module}/__init__.py": f"VALUE = {version!r}\n".encode(),
+             f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+             f"{dist}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = [f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}"
+              for p, d in files.items()] + [f"{dist}.dist-info/RECORD,,"]
+    files[f"{dist}.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{dist}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for member, data in files.items():
+            zf.writestr(member, data)
+    return path
+
+
+def file_index(root: Path, name: str, versions: list[str]) -> str:
+    """A PEP 503 simple index under ROOT holding NAME at VERSIONS (each link with its sha256); returns its file:// URL."""
+    files = root / "files"
+    links = []
+    for version in versions:
+        whl = wheel(files, name, version)
+        digest = hashlib.sha256(whl.read_bytes()).hexdigest()
+        links.append(f'<a href="../../files/{whl.name}#sha256={digest}">{whl.name}</a>')
+    page = root / "simple" / name
+    page.mkdir(parents=True, exist_ok=True)
+    (page / "index.html").write_text("<!DOCTYPE html><html><body>\n" + "\n".join(links) + "\n</body></html>\n")
+    (root / "simple" / "index.html").write_text(f'<!DOCTYPE html><html><body><a href="{name}/">{name}</a></body></html>\n')
+    return f"file://{root}/simple"
