@@ -385,7 +385,7 @@ def current_track(args):
               kill_pipeline(group=False)), expect_rc="killed", resumed_after_kill=False)
         server_gone(hs_staging)
         # The training kills land before the first epoch's checkpoint: resuming `speculators train` 0.9.0 from a
-        # checkpoint on the CPU fails in its DataLoader (pin_memory=True without an accelerator), see the README.
+        # checkpoint on the CPU fails in its DataLoader (pin_memory=True without an accelerator), see docs/pipeline.md.
 
         def no_checkpoint():
             return not list((run_dir / "train" / "checkpoints").glob("[0-9]*"))

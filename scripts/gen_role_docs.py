@@ -1,9 +1,9 @@
 """Regenerate the role documentation from every role's meta/argument_specs.yml (and meta/main.yml).
 
-- README.md: the section between `<!-- BEGIN ROLE VARIABLES -->` and `<!-- END ROLE VARIABLES -->`.
+- docs/roles.md: the section between `<!-- BEGIN ROLE VARIABLES -->` and `<!-- END ROLE VARIABLES -->`.
 - roles/<role>/README.md: the whole file (what the role does, its platforms, variables and an example).
 
-Run it as `scripts/gen-role-docs`. `--check` exits 1 when a README differs from what the specs say
+Run it as `scripts/gen-role-docs`. `--check` exits 1 when docs/roles.md or a role README differs from what the specs say
 (tests/unit/test_readme.py runs it).
 """
 
@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+ROLE_DOC = ROOT / "docs" / "roles.md"
 BEGIN, END = "<!-- BEGIN ROLE VARIABLES -->", "<!-- END ROLE VARIABLES -->"
 ORDER = ["preflight", "nvidia_driver", "cuda_toolkit", "gpu_verify", "ml_venv", "vllm", "speculators",
          "source_patches", "eagle3_pipeline", "eagle3_evaluate", "current_stack"]
@@ -80,7 +81,7 @@ def _table(options: dict, fmt) -> list[str]:
 
 
 def render() -> str:
-    """The collection README's generated section."""
+    """The generated section of docs/roles.md."""
     out = [BEGIN, ""]
     for role in _roles():
         spec = _spec(role)
@@ -139,11 +140,14 @@ def _write(path: Path, text: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
+    text = ROLE_DOC.read_text() if ROLE_DOC.is_file() else ""
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        print(f"{ROLE_DOC.relative_to(ROOT)}: expected one {BEGIN} ... {END} section for the role tables; "
+              "put the two markers back where the tables belong, then run scripts/gen-role-docs", file=sys.stderr)
+        return 2
     head, _sep, rest = text.partition(BEGIN)
     _sep, _sep, tail = rest.partition(END)
-    wanted = {readme: head + render() + tail}
+    wanted = {ROLE_DOC: head + render() + tail}
     for role in _roles():
         wanted[ROOT / "roles" / role / "README.md"] = render_role(role)
     stale = [path for path, new in wanted.items() if not path.is_file() or path.read_text() != new]

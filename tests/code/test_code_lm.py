@@ -52,7 +52,7 @@ def results(profile):
 def test_regenerated_and_shipped_drafts_are_measured_alike_and_both_beat_the_control():
     """Both drafts on the same prompts (digests), settings, vLLM and training settings; each beats the random-weight
     control on every set. Which data wins is printed, not asserted: on this target the shipped replies are the
-    corpus the model was trained on (README, "A small real target")."""
+    corpus the model was trained on (docs/evaluate.md, "A small real target")."""
     regen, shipped = results("code"), results("code-shipped")
     same = {k: v for k, v in regen["settings"].items() if k not in ("baseline", "control")}
     assert same == {k: v for k, v in shipped["settings"].items() if k not in ("baseline", "control")}

@@ -1,7 +1,7 @@
 """tests/evaluate: the evaluate stage (server lifecycle, /metrics parsing, held-out split, end to end).
 
 The lifecycle and metrics tests need only the standard library (run them with any Python 3.11); the
-held-out test needs the pipeline venv; the end-to-end test needs the evaluation venv (see README, Tests).
+held-out test needs the pipeline venv; the end-to-end test needs the evaluation venv (see docs/testing.md).
 """
 
 import os

@@ -2,7 +2,7 @@
 
 - Every role's `defaults/main.yml` equals the defaults its `meta/argument_specs.yml` declares, in every entry
   point: the same names, the same values (a default of null in `defaults/main.yml` is an option the spec gives
-  no default). The specs are what `scripts/gen-role-docs` renders, so the READMEs tell the defaults the roles use.
+  no default). The specs are what `scripts/gen-role-docs` renders, so docs/roles.md and the role READMEs tell the defaults the roles use.
 - No variable is defaulted by two roles: a value more than one role reads is the specdec role's
   (`roles/specdec`, which those roles depend on), never a copy per role.
 - No role carries a fallback of its own for a shared value (`specdec_* | default(...)`).

@@ -12,7 +12,7 @@ later comparisons are made against the last good record, never against the regre
 Why per position: AL = 1 + the sum of the per-position rates, so a fall at any position shows there first, and a
 draft that loses its first position (the typical break: a changed aux-layer or vocabulary mapping) is caught even
 when later positions were near zero anyway. The default tolerance, 0.05, is above the noise measured between
-repeated measurements and between concurrency levels of one export (README "Evaluate stage": greedy decoding
+repeated measurements and between concurrency levels of one export (docs/evaluate.md: greedy decoding
 repeats exactly on one vLLM; batch and kernel differences moved a position by at most 0.02 in the runs recorded
 there) and well below the drop of a broken draft (a control draft in place of the trained one: its first position
 falls to about 0).

@@ -1,6 +1,6 @@
 """vLLM backend for extract: speculators' VllmHiddenStatesGenerator (patched by the patch stage).
 
-Runs on vLLM's CUDA build (GPU) and on its CPU builds (no GPU; see README "vLLM on the CPU").
+Runs on vLLM's CUDA build (GPU) and on its CPU builds (no GPU; see docs/cpu.md).
 
 Three things the generator does not do for us:
 - Length: it cuts every prompt to max_model_len - 1 (room for the one token it samples), so it is built with
