@@ -53,7 +53,7 @@ options:
 attributes:
   check_mode:
     support: full
-    description: uv is asked for a dry run; RV(changed) says whether it would install or remove anything.
+    description: uv is asked for a dry run; the result's C(changed) says whether it would install or remove anything.
   diff_mode:
     support: none
     description: uv's dry-run report is returned in RV(stderr); no diff is produced.

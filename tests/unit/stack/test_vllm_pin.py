@@ -55,7 +55,8 @@ def run_pin(tmp_path: Path, extra: dict | None = None, **variables):
             {"name": "Check the pin", "ansible.builtin.include_role": {"name": "specdec.eagle3.vllm", "tasks_from": "pin", "public": True}},
             {"name": "Write the pin", "ansible.builtin.copy": {
                 "dest": str(out), "mode": "0644",
-                "content": "{{ {'pin': vllm_pin_wanted, 'argv': ['--python', vllm_venv_path ~ '/bin/python'] + vllm_install_args, 'req': vllm_requirement_line} | to_json }}"}},
+                "content": "{{ {'pin': vllm_pin_wanted, 'argv': ['--python', vllm_venv_path ~ '/bin/python'] + vllm_install_args,"
+                           " 'req': vllm_requirement_line} | to_json }}"}},
         ],
     }]
     book = tmp_path / "play.yml"
