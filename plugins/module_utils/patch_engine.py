@@ -21,6 +21,7 @@ import os
 from ansible_collections.specdec.eagle3.plugins.module_utils import conditions as cond_mod
 from ansible_collections.specdec.eagle3.plugins.module_utils import compat
 from ansible_collections.specdec.eagle3.plugins.module_utils import patch_txn
+from ansible_collections.specdec.eagle3.plugins.module_utils import safe_paths
 from ansible_collections.specdec.eagle3.plugins.module_utils.ast_probe import ProbeError
 
 # The way forward named by every refusal of a release this engine's patch sets cannot handle (README "Tracks").
@@ -165,10 +166,10 @@ def _root_problem(target, env, st):
                      "with UV_LINK_MODE=copy)" % ((target.dist, env.version(target.dist)) * 2))
     # the directory of the file and, for a link, the directory of the link
     for directory in sorted(set([os.path.dirname(target.real), os.path.realpath(os.path.dirname(target.path))])):
-        exposure = patch_txn.root_exposure(directory, target.purelib)
+        exposure = safe_paths.exposure(directory, target.purelib)
         if exposure and "the directory %s %s" % exposure[:2] not in issues:
             issues.append("the directory %s %s" % exposure[:2])
-            fixes.append(exposure[2])
+            fixes.append(exposure[2] + " or run the task as the venv's owner (become_user)")
     if not issues:
         return None
     fix = "; ".join(fixes)

@@ -14,8 +14,8 @@ left next to the targets.
 
 Files are opened with O_NOFOLLOW (a link put in place of a file is refused, never followed); a staged file gets
 its mode and owner through its open descriptor and is checked to be still the file this run created.  A
-journal is used only when it is a regular file owned by the user of this run.  For root runs,
-``root_exposure`` names a directory another account could use to swap or alias what root reads and writes.
+journal is used only when it is a regular file owned by the user of this run.  For root runs, a directory another
+account could use to swap or alias what root reads and writes is named by ``safe_paths.exposure``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ import re
 import stat
 import tempfile
 import time
+
+from ansible_collections.specdec.eagle3.plugins.module_utils import safe_paths
 
 JOURNAL_NAME = ".specdec-patch-journal.json"
 JOURNAL_FORMAT = 1
@@ -104,47 +106,6 @@ def read_regular(path):
     fd, st = open_regular(path)
     with os.fdopen(fd, "rb") as handle:
         return handle.read(), st
-
-
-def user_name(uid):
-    try:
-        import pwd
-        return pwd.getpwuid(uid).pw_name
-    except (ImportError, KeyError):
-        return "uid %d" % uid
-
-
-def root_exposure(directory, inner):
-    """For a root run: the first directory from / down to ``directory`` that another account can change - owned
-    by another user, or writable by its group or by others - as (directory, issue, fix); None when there is
-    none or this run is not root.  Above ``inner`` (the venv's site-packages) a root-owned directory with the
-    sticky bit (/tmp) is fine: there nobody else may rename or remove what root owns."""
-    if os.geteuid() != 0:
-        return None
-    chain, current = [], os.path.abspath(directory)
-    while True:
-        chain.append(current)
-        parent = os.path.dirname(current)
-        if parent == current:
-            break
-        current = parent
-    inner = inner.rstrip(os.sep) + os.sep
-    for directory in reversed(chain):
-        st = os.lstat(directory)
-        mode = stat.S_IMODE(st.st_mode)
-        if stat.S_ISLNK(st.st_mode):
-            return (directory, "is a symbolic link", "use the real path of the venv")
-        if st.st_uid not in (0, os.geteuid()):
-            name = user_name(st.st_uid)
-            return (directory, "is owned by uid %d (%s), not root" % (st.st_uid, name),
-                    "make root own it (chown root %s) or run the task as its owner (become_user: %s)"
-                    % (directory, name))
-        sticky_ok = bool(mode & stat.S_ISVTX) and not (directory + os.sep).startswith(inner)
-        if mode & (stat.S_IWGRP | stat.S_IWOTH) and not sticky_ok:
-            who = "others" if mode & stat.S_IWOTH else "its group"
-            return (directory, "is writable by %s (mode %o)" % (who, mode),
-                    "make it writable by its owner only (chmod go-w %s)" % directory)
-    return None
 
 
 def _describe_owner(path):
@@ -302,7 +263,7 @@ class Journal(object):
             raise self._unusable(exc)
         if st.st_uid != os.geteuid() or (os.geteuid() == 0 and st.st_nlink > 1):
             os.close(fd)
-            raise self._untrusted("is owned by uid %d (%s)" % (st.st_uid, user_name(st.st_uid))
+            raise self._untrusted("is owned by uid %d (%s)" % (st.st_uid, safe_paths.user_name(st.st_uid))
                                   if st.st_uid != os.geteuid() else "has %d hard links" % st.st_nlink)
         try:
             with os.fdopen(fd, "rb") as handle:
@@ -353,7 +314,7 @@ def pending(journal):
         if sha256(new) != entry["sha256_after"]:
             raise TxnError("the patch journal %s is damaged (the text recorded for %s does not match its sha256); "
                            "reinstall the distribution, delete the journal, then run again" % (journal.path, path))
-        exposure = root_exposure(os.path.dirname(path), journal.root)
+        exposure = safe_paths.exposure(os.path.dirname(path), journal.root)
         if exposure:
             raise TxnError("the patch journal %s lists %s, and this run is root and the directory %s %s: %s, then "
                            "run again" % ((journal.path, path) + exposure))

@@ -7,14 +7,21 @@
 The script below runs under the target interpreter and uses only ``importlib.metadata`` (distribution
 metadata) and ``importlib.util.find_spec`` of top-level names (which locates a package without running
 its ``__init__``).
+
+Starting an interpreter runs code before the script: every ``.pth`` file of its site-packages (``-I`` does not
+stop them) and ``sitecustomize``, and it looks for its standard library from its own directory (a venv: from the
+``home`` of its ``pyvenv.cfg``). A root run therefore first checks, with ``safe_paths.exposure``, that no other
+account can change any of that (``startup_exposure``), and runs nothing when one can.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 
 from ansible_collections.specdec.eagle3.plugins.module_utils.exit_status import exit_text
+from ansible_collections.specdec.eagle3.plugins.module_utils.safe_paths import exposure
 
 PROBE_SCRIPT = r"""
 import json, sys, sysconfig
@@ -126,6 +133,61 @@ class PythonEnv(object):
         return os.path.join(entry["location"], relpath)
 
 
+# What an interpreter runs from its site-packages directories when it starts (besides the .pth files).
+STARTUP_MODULES = ("sitecustomize.py", "sitecustomize", "usercustomize.py", "usercustomize")
+
+
+def _venv_home(cfg):
+    """The ``home`` directory that a venv's pyvenv.cfg names (where the base interpreter lives), or None."""
+    try:
+        with open(cfg, "rb") as handle:
+            lines = handle.read(65536).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "home" and os.path.isabs(value.strip()):
+            return value.strip()
+    return None
+
+
+def startup_exposure(python):
+    """For a root run: what another account can change of what ``python`` runs when it starts, as (path, issue,
+    fix) of safe_paths.exposure; None when nothing (or this run is not root). Checked: the interpreter and every
+    link on the way to it, bin/, pyvenv.cfg, the directories the interpreter and the standard library are found
+    from, the venv's site-packages directories as they lie on disk (lib/pythonX.Y/site-packages, also through the
+    lib64 link) with their .pth files and sitecustomize, and every directory above each of them. In the venv
+    nothing may be writable by others (a sticky bit does not help there: a new .pth file would run)."""
+    if os.geteuid() != 0:
+        return None
+    bin_dir = os.path.dirname(python)
+    venv = os.path.dirname(bin_dir)
+    cfg = os.path.join(venv, "pyvenv.cfg")
+    is_venv = os.path.lexists(cfg)
+    real = os.path.realpath(python)
+    prefix = venv if is_venv else os.path.dirname(os.path.dirname(real))
+    checks = [(python, venv if is_venv else bin_dir), (os.path.dirname(real), None)]
+    if is_venv:
+        checks.append((cfg, venv))
+        home = _venv_home(cfg)
+        if home and os.path.isdir(home):
+            checks.append((home, None))
+    for site in sorted(glob.glob(os.path.join(glob.escape(prefix), "lib*", "python3*", "site-packages"))
+                       + glob.glob(os.path.join(glob.escape(prefix), "lib*", "python3*", "dist-packages"))):
+        checks.append((site, prefix))
+        try:
+            names = sorted(os.listdir(site))
+        except OSError:
+            continue
+        checks.extend((os.path.join(site, name), prefix) for name in names
+                      if name.endswith(".pth") or name in STARTUP_MODULES)
+    for path, inner in checks:
+        found = exposure(path, inner, follow=True)
+        if found:
+            return found
+    return None
+
+
 def inspect(python, distributions, top_levels, run):
     """Run the probe script under ``python``.  ``run(argv) -> (rc, stdout, stderr)``."""
     if not os.path.isabs(python):
@@ -137,6 +199,11 @@ def inspect(python, distributions, top_levels, run):
     if not os.access(python, os.X_OK) or os.path.isdir(python):
         raise EnvError("python interpreter %s is not an executable file: set the path of the venv's interpreter, "
                        "e.g. <venv>/bin/python" % python)
+    found = startup_exposure(python)
+    if found:
+        raise EnvError("python %s: this run is root and %s %s: another account could change what the interpreter runs "
+                       "at start-up (a .pth file in site-packages runs as root), so it was not run. %s, then run "
+                       "again." % ((python,) + found[:2] + (found[2][0].upper() + found[2][1:],)))
     rc, out, err = run([python, "-I", "-c", PROBE_SCRIPT, json.dumps(sorted(distributions)),
                         json.dumps(sorted(top_levels))])
     if rc != 0:

@@ -115,12 +115,12 @@ def test_an_inventory_without_a_track_is_refused_in_one_line(tmp_path):
     ({"eagle3_pipeline_seq_length": 0}, "eagle3_pipeline_seq_length is 0; expected a positive number"),
     ({"eagle3_pipeline_seq_length": -5}, "eagle3_pipeline_seq_length is -5; expected a positive number"),
     ({"eagle3_pipeline_layer_ids": [2, 30, 58, 61]},
-     "eagle3_pipeline_layer_ids is [2, 30, 58, 61]; expected decoder layer indices in 0..60"),
+     "extract.layer_ids [2, 30, 58, 61]: expected at least 2 layer indices in 0..60"),
     ({"eagle3_pipeline_layer_ids": [7]}, "eagle3_pipeline_layer_ids is [7]; expected a list of at least 2"),
     ({"eagle3_pipeline_target_path": "/nonexistent/Kimi-K2.5"},
      "eagle3_pipeline_target_path is '/nonexistent/Kimi-K2.5'; expected an existing model directory"),
     ({"eagle3_pipeline_target_path": "models/kimi"}, "eagle3_pipeline_target_path is 'models/kimi'; expected the absolute path"),
-    ({"eagle3_pipeline_max_samples": 10**9}, "its filesystem has"),
+    ({"eagle3_pipeline_max_samples": 10**9}, "the work directory's filesystem"),
 ])
 def test_a_bad_pipeline_setting_fails_with_one_line(extra, expected):
     rc, failures = preflight(**dict(LOCAL, **extra))
@@ -135,13 +135,34 @@ def test_the_disk_check_counts_the_bytes_the_chosen_storage_writes(storage, refu
     # Kimi-K2.5's hidden size (7168), 4 capture ids, 1024 tokens per sample: bf16 writes 2 bytes a value, fp8 one.
     # Enough samples that bf16 needs about 1.5 x the work directory's free space and fp8 about 0.75 x.
     work = Path(tempfile.gettempdir())
-    per_sample_bf16 = 1024 * 4 * 7168 * 2 * 1.2
+    per_sample_bf16 = 1024 * (4 * 7168 * 2 + 8) * 1.1  # the pipeline's estimate (disk.py) and margin
     samples = int(1.5 * shutil.disk_usage(work).free / per_sample_bf16) + 1
     rc, failures = preflight(inventory="kimi-current", **dict(
         LOCAL, specdec_work_dir=str(work / "specdec-disk-check"), eagle3_pipeline_seq_length=1024,
         eagle3_pipeline_max_samples=samples, eagle3_pipeline_hs_storage=storage))
     assert (rc != 0) == refused, failures
-    assert bool(failures) == refused and (not refused or "its filesystem has" in failures[0]), failures
+    assert bool(failures) == refused and (not refused or "the work directory's filesystem" in failures[0]), failures
+
+
+def test_current_track_capture_ids_must_end_with_the_final_layer_in_preflight():
+    # The pipeline's own rule (tracks/current/rules.py), applied before the stack stage: 60 is inside the target's
+    # 0..61, but the current track trains on the final layer's output, id 61.
+    rc, failures = preflight(inventory="kimi-current", **dict(LOCAL, eagle3_pipeline_layer_ids=[2, 30, 58, 60]))
+    assert rc != 0
+    assert failures == ["kimi-k25: extract.layer_ids [2, 30, 58, 60]: on the current track expected distinct vLLM "
+                        "capture ids in 0..61 ending with 61 (the final layer of " + str(LOCAL["eagle3_pipeline_target_path"])
+                        + ", 61 layers), e.g. [2, 30, 58, 61]; fix eagle3_pipeline_layer_ids."], failures
+
+
+def test_the_disk_check_uses_the_pipelines_margin():
+    # Between the pipeline's margin (1.1, disk.py) and the 1.2 the preflight once used: refused only by a 1.2.
+    work = Path(tempfile.gettempdir())
+    per_sample = 1024 * (4 * 7168 * 2 + 8)
+    samples = int(shutil.disk_usage(work).free / (per_sample * 1.15))
+    rc, failures = preflight(inventory="kimi-current", **dict(
+        LOCAL, specdec_work_dir=str(work / "specdec-disk-check"), eagle3_pipeline_seq_length=1024,
+        eagle3_pipeline_max_samples=samples, eagle3_pipeline_hs_storage="bf16"))
+    assert (rc, failures) == (0, [])
 
 
 def test_a_target_without_tokenizer_and_weights_is_refused():
@@ -198,3 +219,75 @@ def test_harmless_server_args_pass():
     rc, failures = preflight(**dict(LOCAL, eagle3_pipeline_server_args=["--enforce-eager", "--hostname-ish"],
                                     eagle3_pipeline_gpu_memory_utilization=1.0))
     assert (rc, failures) == (0, [])
+
+
+@pytest.mark.parametrize("evaluate_user", ["", "root", "alice"])
+def test_an_evaluate_user_other_than_the_pipeline_user_is_refused_in_one_line(evaluate_user):
+    # The evaluate stage works in the pipeline user's run directory: as root (or a third account) it would act
+    # through whatever that user put there.
+    rc, failures = preflight(**dict(LOCAL, eagle3_evaluate_user=evaluate_user))
+    assert rc != 0
+    assert failures == [
+        f"kimi-k25: eagle3_evaluate_user is '{evaluate_user}', but the pipeline runs as 'specdec' (eagle3_pipeline_user), "
+        "whose run directory the evaluate stage reads and writes: it must run as that user too. Remove "
+        "eagle3_evaluate_user from the inventory (it defaults to eagle3_pipeline_user) or set it to 'specdec'."], failures
+
+
+def test_the_evaluate_user_may_name_the_pipeline_user():
+    rc, failures = preflight(**dict(LOCAL, eagle3_evaluate_user="specdec"))
+    assert (rc, failures) == (0, [])
+
+
+def _unused_uid():
+    import pwd
+    uid = 1002
+    while True:
+        try:
+            pwd.getpwuid(uid)
+        except KeyError:
+            return uid
+        uid += 1
+
+
+@pytest.fixture
+def foreign_dir():
+    """A directory of another account (an unused uid) below one of root's that other accounts can pass through."""
+    import os
+    base = Path(tempfile.mkdtemp(prefix="specdec-preflight-", dir="/tmp"))
+    base.chmod(0o755)
+    theirs = base / "theirs"
+    theirs.mkdir()
+    uid = _unused_uid()
+    os.chown(theirs, uid, uid)
+    yield base, theirs, uid
+    shutil.rmtree(base)
+
+
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="the ownership rules apply to root runs")
+@pytest.mark.parametrize("var", ["specdec_venv_path", "eagle3_evaluate_venv_path"])
+def test_a_venv_below_a_directory_of_another_account_is_refused_in_one_line(foreign_dir, var):
+    base, theirs, uid = foreign_dir
+    venv = theirs / "ml-env"
+    rc, failures = preflight(**dict(LOCAL, **{var: str(venv)}))
+    assert rc != 0
+    assert failures == [
+        f"{var} is {venv}, and this run is root: {theirs} is owned by uid {uid}, not root (mode 755), so another "
+        f"account could change what root runs from this venv. Make root own it (chown root {theirs}), then run "
+        "again."], failures
+
+
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="the ownership rules apply to root runs")
+def test_an_existing_venv_whose_site_packages_another_account_owns_is_refused_in_one_line(foreign_dir):
+    import os
+    import subprocess
+    base, dummy, uid = foreign_dir
+    venv = base / "ml-env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    os.chown(site, uid, uid)
+    rc, failures = preflight(**dict(LOCAL, specdec_venv_path=str(venv)))
+    assert rc != 0
+    assert failures == [
+        f"specdec_venv_path is {venv}, and this run is root: {site} is owned by uid {uid}, not root (mode 755), so "
+        f"another account could change what root runs from this venv. Make root own it (chown root {site}), then run "
+        "again."], failures

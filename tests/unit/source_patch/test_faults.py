@@ -19,8 +19,8 @@ import pytest
 
 from faults import JOURNAL_NAME, Layout, can_mount_read_only, classify, fetch, in_child, inspect, load_set, runner
 
-from ansible_collections.specdec.eagle3.plugins.module_utils.ast_probe import SourceTree
 from ansible_collections.specdec.eagle3.plugins.module_utils.patch_engine import PatchError, run
+from ansible_collections.specdec.eagle3.plugins.module_utils.pyenv import EnvError
 
 SET = load_set("speculators_0_3_0")
 GEN = "speculators/data_generation/vllm_hidden_states_generator.py"
@@ -450,8 +450,8 @@ def _as_nobody():
 
 @ROOT_ONLY
 def test_rules_for_root_do_not_refuse_the_venv_owner(tmp_path):
-    # A venv owned by nobody with a hard-linked file: root is refused (hard link, directories of another user);
-    # nobody, who owns it, patches it.
+    # A venv owned by nobody with a hard-linked file: root is refused (it does not even run the venv's interpreter,
+    # whose site-packages nobody can change); nobody, who owns it, patches it.
     patches = [p for p in SET if p["file"] == GEN and not p.get("when")]
     assert patches  # p01: no condition, so no vLLM is needed here
     base = Path(tempfile.mkdtemp(prefix="specdec-nonroot-", dir="/tmp"))
@@ -468,10 +468,10 @@ def test_rules_for_root_do_not_refuse_the_venv_owner(tmp_path):
             for name in [dirpath] + [os.path.join(dirpath, n) for n in dirnames + filenames]:
                 os.lchown(name, NOBODY, NOBODY)
         original = gen.read_bytes()
-        env = inspect(str(venv / "bin" / "python"), {"speculators"}, {"speculators"}, runner)
-        as_root = run(patches, env, SourceTree(env.roots), "present")
-        assert as_root.get("failed") is True and gen.read_bytes() == original, as_root.get("results")
-        assert "%s has 2 hard links" % gen in _msg(as_root) and "owned by uid %d" % NOBODY in _msg(as_root)
+        with pytest.raises(EnvError) as as_root:
+            inspect(str(venv / "bin" / "python"), {"speculators"}, {"speculators"}, runner)
+        assert "this run is root and %s is owned by uid %d (nobody)" % (venv, NOBODY) in str(as_root.value)
+        assert gen.read_bytes() == original
         # the system interpreter: nobody may not be able to reach the one running the tests
         proc = subprocess.run(["/usr/bin/python3", "-c", NONROOT_RUN, str(Path(__file__).resolve().parents[3]),
                                str(venv / "bin" / "python"), json.dumps(patches)],
