@@ -129,6 +129,26 @@ def test_a_server_that_does_not_enforce_the_key_is_refused(tmp_path):
     assert srv.proc is None
 
 
+def test_a_server_that_asks_for_the_key_under_v1_only_is_refused(tmp_path):
+    """vLLM's own key check: /v1 only, while /invocations runs a completion; only the guard closes the rest."""
+    port = free_port()
+    srv = VllmServer([sys.executable, LITTLE, "v1only", port, tmp_path / "v1only.pids"], port=port,
+                     log_path=tmp_path / "v1only.log", name="test server", poll_s=0.1, stop_timeout_s=5,
+                     ready_timeout_s=30)
+    with pytest.raises(ServeError) as err:
+        srv.start()
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert f"http://127.0.0.1:{port}/invocations answered 404 without the API key, expected 401" in msg
+    assert f"does not run the guard {serve.SERVER_GUARD}" in msg
+    assert srv.proc is None
+
+
+def test_every_server_command_line_loads_the_guard():
+    argv = serve.vllm_argv("/venv/bin/python", "/m", 8000)
+    assert argv[argv.index("--middleware") + 1] == serve.SERVER_GUARD == "specdec_pipeline.serve_guard.KeyGuard"
+
+
 def test_the_key_is_in_the_environment_only(tmp_path):
     port = free_port()
     srv = VllmServer([sys.executable, LITTLE, "serve", port, tmp_path / "serve.pids"], port=port,

@@ -46,6 +46,10 @@ def _write(tmp_path, **over):
     ({"min_acceptance_length": 9}, "min_acceptance_length is 9; expected null (off) or a number between 1 and 1 + "
                                    "num_speculative_tokens = 4"),
     ({"host": "0.0.0.0"}, "host is '0.0.0.0'; expected '127.0.0.1'"),
+    ({"server_args": ["--max-model-len", "512", "--trust-remote-code"]},
+     "server_args (eagle3_evaluate_server_args) contains '--trust-remote-code' while trust_remote_code is false; the "
+     "stage's switch eagle3_evaluate_trust_remote_code decides"),
+    ({"trust_remote_code": "yes"}, "trust_remote_code is 'yes'; expected true or false (eagle3_evaluate_trust_remote_code)"),
     ({"prompts": {"heldout": True}}, "unknown key(s) ['prompts']"),
 ], ids=lambda v: str(v)[:40])
 def test_a_bad_setting_is_one_line(tmp_path, over, says):

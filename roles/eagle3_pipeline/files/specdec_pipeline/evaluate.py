@@ -24,6 +24,12 @@ acceptance drop after a vLLM change) are checked on every run, also when the mea
 status: 0 ok, 2 bad input or a failed server, 4 gate failed (one line on stderr naming the figure, the gate and
 the report).
 
+The target's own code (its auto_map's *.py files) runs only with the stage's own switch, trust_remote_code
+(eagle3_evaluate_trust_remote_code; never the pipeline's): then in this process (the tokenizer that renders the
+prompts) and in vLLM (--trust-remote-code, added here); those files are named with their sha256 before anything
+loads the target. The process runs with HF_HUB_OFFLINE=1 and TRANSFORMERS_OFFLINE=1 (remote_code.OFFLINE_ENV),
+as every server it starts: nothing of the target comes from the network.
+
 This module holds the stage's configuration and its order; the parts are prompt_sets (prompts), evaluate_measure
 (the servers and the counters), evaluate_record (fingerprint, gates, results, manifest), evaluate_upgrade (history
 and the comparison after a vLLM change) and report_evaluate (the report's evaluation section).
@@ -32,29 +38,39 @@ and the comparison after a vLLM change) and report_evaluate (the report's evalua
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
-from specdec_pipeline import chatmode, evaluate_upgrade, prompt_sets, report_evaluate
+from specdec_pipeline import chatmode, evaluate_upgrade, prompt_sets, remote_code, report_evaluate
 from specdec_pipeline.config import read_config_file
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.evaluate_measure import build_control_draft, measure, requests_per_variant
-from specdec_pipeline.evaluate_record import fingerprint, gate, is_current, record, results, results_file, summary
+from specdec_pipeline.evaluate_record import (
+    SWITCH,
+    fingerprint,
+    gate,
+    is_current,
+    record,
+    results,
+    results_file,
+    summary,
+)
 from specdec_pipeline.fsutil import read_json, write_json
 from specdec_pipeline.progress import Progress
-from specdec_pipeline.serve import owned_arg
+from specdec_pipeline.serve import TRUST_ARG, owned_arg
 
 DEFAULTS = {
     "run_dir": None,             # the pipeline run: reads export/, prepare/heldout.jsonl, manifests/
     "target": None,              # the target model directory vLLM serves
-    "trust_remote_code": False,  # the target's own code may run (its tokenizer, for rendering chat prompts)
+    "trust_remote_code": False,  # this stage's switch: the target's own code runs (tokenizer here, vLLM)
     "chat_mode": None,           # the run's chat mode (thinking | instant); None: the template's own default
     "export_dir": None,          # default <run_dir>/export
     "python": sys.executable,    # the evaluation venv's interpreter (vLLM)
     "host": "127.0.0.1",
     "port": 0,                   # 0: a free port is picked for each server
-    "server_args": [],           # extra vLLM arguments (e.g. --tensor-parallel-size 8 --trust-remote-code)
+    "server_args": [],           # extra vLLM arguments (e.g. --tensor-parallel-size 8)
     "server_env": {},
     "ready_timeout_s": 900,
     "num_speculative_tokens": 3,
@@ -134,6 +150,13 @@ def load_config(path):
                             "reachable from other machines).")
     if not isinstance(cfg["server_args"], list):
         raise bad("server_args", "a list of strings")
+    if not isinstance(cfg["trust_remote_code"], bool):
+        raise bad("trust_remote_code", "true or false")
+    trust_arg = owned_arg(cfg["server_args"], (TRUST_ARG,))
+    if trust_arg and not cfg["trust_remote_code"]:
+        raise PipelineError(f"{path}: server_args (eagle3_evaluate_server_args) contains {trust_arg!r} while "
+                            f"trust_remote_code is false; the stage's switch {SWITCH} decides whether the target's "
+                            f"own code runs - remove it, or set {SWITCH}: true.")
     owned = owned_arg(cfg["server_args"])
     if owned:
         raise PipelineError(f"{path}: server_args (eagle3_evaluate_server_args) contains {owned!r}; the stage sets the "
@@ -179,7 +202,8 @@ def load_sets(cfg):
     if prompt_sets.needs_tokenizer(psets):
         from specdec_pipeline.target import load_tokenizer  # noqa: PLC0415 - transformers only when needed
 
-        tok = load_tokenizer({"target": {"path": cfg["target"], "trust_remote_code": bool(cfg["trust_remote_code"])}})
+        tok = load_tokenizer({"target": {"path": cfg["target"], "trust_remote_code": cfg["trust_remote_code"],
+                                         "switch": SWITCH}})
         if cfg["chat_mode"]:
             said = chatmode.problem(cfg["chat_mode"], tok, cfg["target"])
             if said:
@@ -208,8 +232,17 @@ def server_context(server_args):
     return None
 
 
+def announce(cfg):
+    """Before anything loads the target: which of its *.py files run with this stage's switch (name and sha256, in
+    this process and in vLLM), or that none does; an auto_map naming another repository is refused here."""
+    lines, _files = remote_code.announcement(cfg["target"], cfg["trust_remote_code"], SWITCH)
+    for line in lines:
+        print(f"evaluate: {line}", file=sys.stderr, flush=True)
+
+
 # -- the stage ----------------------------------------------------------------------------------------------
 def run(cfg):
+    announce(cfg)
     # A progress file of an earlier run must not speak for this one while the prompts load.
     if Path(cfg["run_dir"]).is_dir():
         out_path(cfg).mkdir(exist_ok=True)
@@ -217,9 +250,6 @@ def run(cfg):
             force=True, message="loading the prompt sets")
     psets = load_sets(cfg)
     fp = fingerprint(cfg, psets)
-    for name, digest in fp.get("remote_code", {}).items():
-        print(f"evaluate: remote code: {cfg['target']}/{name} runs in vLLM (--trust-remote-code), sha256 {digest}",
-              file=sys.stderr, flush=True)
     current, why = is_current(cfg, fp)
     report_dir = Path(cfg["run_dir"]) / "report"
     if current:
@@ -262,9 +292,12 @@ def main(argv=None):
     parser.add_argument("config")
     parser.add_argument("command", choices=["run", "status"])
     args = parser.parse_args(argv)
+    # Nothing of the target comes from the hub: this process's tokenizer and every server it starts are offline.
+    os.environ.update(remote_code.OFFLINE_ENV)
     try:
         cfg = load_config(args.config)
         if args.command == "status":
+            announce(cfg)
             current, why = is_current(cfg, fingerprint(cfg, load_sets(cfg)))
             print(json.dumps({"evaluate": current, "why": why}))
             return 0

@@ -18,13 +18,23 @@ from pathlib import Path
 from specdec_pipeline import metrics, remote_code
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.fsutil import atomic_path, read_json, sha256_file, sha256_json, write_json
-from specdec_pipeline.serve import SERVED_NAME, HttpError, NoAnswer, VllmServer, free_port, vllm_argv
+from specdec_pipeline.serve import (
+    SERVED_NAME,
+    TRUST_ARG,
+    HttpError,
+    NoAnswer,
+    VllmServer,
+    free_port,
+    owned_arg,
+    vllm_argv,
+)
 
 
 def server_argv(cfg, draft_dir, port=None):
-    """The evaluation server's command line: CFG's python and target, the seed, the user's server_args and,
-    for a draft, the eagle3 speculative config."""
-    argv = [*vllm_argv(cfg["python"], cfg["target"], port or cfg["port"]), "--seed", str(cfg["seed"]),
+    """The evaluation server's command line: CFG's python and target, the seed, --trust-remote-code with the stage's
+    switch on, the user's server_args and, for a draft, the eagle3 speculative config."""
+    trust = [TRUST_ARG] if cfg["trust_remote_code"] and not owned_arg(cfg["server_args"], (TRUST_ARG,)) else []
+    argv = [*vllm_argv(cfg["python"], cfg["target"], port or cfg["port"]), "--seed", str(cfg["seed"]), *trust,
             *map(str, cfg["server_args"])]
     if draft_dir:
         argv += ["--speculative-config", json.dumps({"method": "eagle3", "model": str(draft_dir),

@@ -14,11 +14,12 @@ from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.fsutil import read_json, sha256_file, sha256_json, write_json
 
 # Settings whose change re-measures (the gates are checked on every run and are not part of the hash).
-MEASURE_KEYS = ("target", "server_args", "num_speculative_tokens", "prompt_sets", "prompts_jsonl", "max_prompts",
-                "max_tokens", "ignore_eos", "temperature", "top_p", "chat_mode", "concurrency", "warmup_requests",
-                "baseline", "control", "seed")
+MEASURE_KEYS = ("target", "trust_remote_code", "server_args", "num_speculative_tokens", "prompt_sets", "prompts_jsonl",
+                "max_prompts", "max_tokens", "ignore_eos", "temperature", "top_p", "chat_mode", "concurrency",
+                "warmup_requests", "baseline", "control", "seed")
 AL_FORMULA = "AL = 1 + accepted draft tokens / drafts (the bonus token counted; 1.0 = no draft token accepted)"
 FORMAT = 2
+SWITCH = "eagle3_evaluate_trust_remote_code"  # the stage's own trust_remote_code switch (never the pipeline's)
 
 
 def vllm_version(cfg):
@@ -53,10 +54,11 @@ def fingerprint(cfg, psets):
 
 
 def remote_code_files(cfg):
-    """{name: sha256} of the target's own *.py files vLLM runs: only with --trust-remote-code in server_args."""
-    if "--trust-remote-code" not in [str(a) for a in cfg["server_args"]]:
+    """{name: sha256} of the target's own *.py files that run (the tokenizer here, vLLM): only with the stage's
+    switch on."""
+    if not cfg["trust_remote_code"]:
         return {}
-    return remote_code.files_that_run(str(cfg["target"]))
+    return remote_code.files_that_run(str(cfg["target"]), SWITCH)
 
 
 def manifest_file(cfg):

@@ -5,7 +5,10 @@
 PROGRESS_JSON is what a long step writes (progress.Progress: the pipeline's <run>/progress.json, the evaluate
 stage's <run>/evaluate/progress.json); JOB_RESULTS_FILE is the async job's results file. The job has finished when
 that file holds a result without "started" (Ansible's job wrapper writes {"started": 1, ...} while it runs).
-Standard library only: it runs in whatever interpreter the role polls with, once per poll.
+Standard library only: it runs in whatever interpreter the role polls with, once per poll. It never writes to a
+terminal: its output is JSON (a control character in the message, which the pipeline user writes, stays an escape
+such as \\u001b), and the narrative callback on the controller - the last hop before the user's terminal - shows
+control characters as escapes when it prints the line.
 """
 import json
 import sys

@@ -1,16 +1,18 @@
 """The target's own code (trust_remote_code): which of its *.py files run, their sha256, and the switch.
 
 transformers runs code of a model directory only when trust_remote_code is on and an `auto_map` names it: the
-modules named in config.json (config and model classes, also in nested configs such as text_config),
-tokenizer_config.json (tokenizer) and the processor configs, plus the files those modules import relatively
-(`from .configuration_deepseek import ...`), transitively. Other *.py files of the directory never run. With the
+modules named in the files of AUTO_MAP_FILES - config.json (config and model classes, also in nested configs such
+as text_config), tokenizer_config.json (tokenizer) and the processor, image/feature and video processor configs -
+plus the files those modules import relatively (`from .configuration_deepseek import ...`), transitively. Other *.py files of the directory never run. With the
 switch off, nothing of the directory runs (a model whose classes transformers does not ship then fails to load).
 
-The pipeline lists those files with their sha256 once per run, records them in the prepare and extract manifests
+Each stage has its own switch (SETTING for the pipeline, eagle3_evaluate_trust_remote_code for the evaluate stage)
+and names it in its lines. The pipeline lists those files with their sha256 once per run, records them in the prepare and extract manifests
 (a changed file re-runs those steps) and hands the switch to the patched speculators code as
 SPECDEC_TRUST_REMOTE_CODE=1|0. An auto_map entry that names another repository (`owner/repo--module.Class`) is
 refused: that code is not in the model directory and would come from the hub cache. Every process that loads the
-model runs with HF_HUB_OFFLINE=1 (OFFLINE_ENV), so nothing of it is fetched from the network either.
+model runs with HF_HUB_OFFLINE=1 and TRANSFORMERS_OFFLINE=1 (OFFLINE_ENV, set before transformers is imported), so
+nothing of it is fetched from the network either.
 """
 
 import ast
@@ -22,9 +24,12 @@ from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.fsutil import sha256_file
 
 SWITCH_ENV = "SPECDEC_TRUST_REMOTE_CODE"   # read by the patched speculators code (patch_sets: p01, t01)
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1"}
-AUTO_MAP_FILES = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
-SETTING = "eagle3_pipeline_trust_remote_code"
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+# The files of a model directory whose auto_map transformers reads (its CONFIG_NAME, TOKENIZER_CONFIG_FILE,
+# PROCESSOR_NAME, FEATURE_EXTRACTOR_NAME = IMAGE_PROCESSOR_NAME, VIDEO_PROCESSOR_NAME): the one list of them.
+AUTO_MAP_FILES = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json",
+                  "video_preprocessor_config.json")
+SETTING = "eagle3_pipeline_trust_remote_code"  # the pipeline stage's switch; the evaluate stage names its own
 
 
 def _auto_maps(node):
@@ -63,8 +68,9 @@ def _relative_imports(path):
 
 
 @cache
-def files_that_run(model_dir):
-    """{file name relative to MODEL_DIR: sha256} of the code transformers runs with trust_remote_code on."""
+def files_that_run(model_dir, setting=SETTING):
+    """{file name relative to MODEL_DIR: sha256} of the code transformers runs with trust_remote_code on; a refusal
+    names SETTING, the switch of the stage that asks."""
     root = Path(model_dir)
     todo = []
     for name in AUTO_MAP_FILES:
@@ -84,7 +90,7 @@ def files_that_run(model_dir):
                             f"{path}: auto_map {key} is {ref!r}, code of another repository ({ref.split('--')[0]}) "
                             f"that is not in {root}; expected module.Class of a file in the target directory. "
                             "Copy that code into the directory and name it there, or set "
-                            f"{SETTING}: false.")
+                            f"{setting}: false.")
                     module = ref.rpartition(".")[0]
                     if not module:
                         raise PipelineError(f"{path}: auto_map {key} is {ref!r}; expected module.Class (a *.py file "
@@ -124,21 +130,29 @@ def changes(old, new):
     return "the target's own code: " + ", ".join(parts)
 
 
+def announcement(path, trust, setting=SETTING):
+    """(lines, files): what to say, before anything loads the target at PATH, about which of its *.py files run
+    with the stage's switch TRUST (named SETTING) - each with its sha256 - or that none does; FILES as
+    files_that_run. A refused auto_map entry raises PipelineError."""
+    if not trust:
+        named = _named_quietly(path)
+        if not named:
+            return [], {}
+        return [f"remote code: trust_remote_code is off - {len(named)} file(s) that auto_map names in {path} do not "
+                f"run ({', '.join(named)}); a target that needs them fails to load ({setting})"], {}
+    files = files_that_run(str(path), setting)
+    if not files:
+        return [f"remote code: trust_remote_code is on, but {path} names no code of its own (no auto_map): none "
+                "runs"], files
+    return [f"remote code: {path}/{name} runs (trust_remote_code on), sha256 {digest}"
+            for name, digest in files.items()], files
+
+
 def announce(cfg, log):
     """Say once which *.py files of the target will run (name and sha256), or that none will."""
-    path = cfg["target"]["path"]
-    if not cfg["target"]["trust_remote_code"]:
-        named = _named_quietly(path)
-        if named:
-            log.info("remote code: trust_remote_code is off - %d file(s) that auto_map names in %s do not run "
-                     "(%s); a target that needs them fails to load (%s)", len(named), path, ", ".join(named), SETTING)
-        return {}
-    files = files_that_run(str(path))
-    if not files:
-        log.info("remote code: trust_remote_code is on, but %s names no code of its own (no auto_map): none runs",
-                 path)
-    for name, digest in files.items():
-        log.info("remote code: %s/%s runs (trust_remote_code on), sha256 %s", path, name, digest)
+    lines, files = announcement(cfg["target"]["path"], cfg["target"]["trust_remote_code"])
+    for line in lines:
+        log.info("%s", line)
     return files
 
 
@@ -154,12 +168,12 @@ def switch_env(cfg):
     return {SWITCH_ENV: "1" if cfg["target"]["trust_remote_code"] else "0", **OFFLINE_ENV}
 
 
-def hint(path, trust):
+def hint(path, trust, setting=SETTING):
     """A hint for a failed load of the target at PATH: the setting to turn on when it names code of its own."""
     if trust:
         return ""
     named = _named_quietly(path)
     if not named:
         return ""
-    return (f"; the target names its own code ({', '.join(named)}) and {SETTING} is false - set it to true only "
+    return (f"; the target names its own code ({', '.join(named)}) and {setting} is false - set it to true only "
             "if you trust that code")

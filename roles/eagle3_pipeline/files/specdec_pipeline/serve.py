@@ -9,14 +9,16 @@ and /metrics. Used by the current track's extraction and by the evaluate stage.
 
 `vllm_argv` is the start of every server command line (vLLM's OpenAI server module - the same code as `vllm serve`,
 and it also runs from vLLM's CPU build, whose distribution name `vllm serve` cannot find - on 127.0.0.1, the
-model served under SERVED_NAME); the caller appends its own options. `post_json` / `get_text` are the requests
+model served under SERVED_NAME, behind serve_guard.KeyGuard: the key on every route but /health, no client-chosen
+request id); the caller appends its own options. `post_json` / `get_text` are the requests
 (one HttpError / NoAnswer each, which the caller words for its stage).
 
 `start` checks that the port is free, starts ARGV in its own session (process group) with its output in LOG_PATH
 and a fresh random API key in its environment (VLLM_API_KEY: never on a command line, never in a file), and waits
 until the server is ready and provably ours: the socket listening on the port is held by a process of the
-server's session (found in /proc/net/tcp and /proc/<pid>/fd), GET READY_PATH answers 200, and GET AUTH_PATH
-answers 200 with the key and 401 without it. A port taken by anything else is refused at once (the port is picked
+server's session (found in /proc/net/tcp and /proc/<pid>/fd), GET READY_PATH answers 200, GET AUTH_PATH
+answers 200 with the key and 401 without it, and GUARD_PROBE_PATH - outside the /v1 paths vLLM's own key check
+covers - answers 401 without it (the guard is in place). A port taken by anything else is refused at once (the port is picked
 free, but another local user may bind it before the server does). `check_ours` repeats the socket check and that
 the server still runs; it is called after a measurement and on leaving the block without an error. Every failure
 is one ServeError line. `stop` - called on leaving the block, on any exception, at interpreter exit and on
@@ -72,13 +74,18 @@ def free_port(host="127.0.0.1"):
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 SERVED_NAME = "specdec-target"  # the name the model is served under (requests name it)
 HOST = "127.0.0.1"
+CODE_DIR = str(Path(__file__).resolve().parent.parent)  # the folder holding specdec_pipeline
+SERVER_GUARD = "specdec_pipeline.serve_guard.KeyGuard"  # vLLM's --middleware: the key on every route (serve_guard.py)
+# A route vLLM serves without its own key check (SageMaker's, which runs a completion): GET only probes the guard.
+GUARD_PROBE_PATH = "/invocations"
 
 
 def vllm_argv(python, model, port, *, served_name=SERVED_NAME, wrapper=()):
     """The start of a vLLM server's command line: WRAPPER, PYTHON -m the OpenAI server, the model, its served name,
-    host 127.0.0.1 and PORT. The caller appends its options; OWNED_ARGS are never among them (owned_arg)."""
+    host 127.0.0.1, PORT and the guard (SERVER_GUARD; VllmServer puts this package on the server's PYTHONPATH).
+    The caller appends its options; OWNED_ARGS are never among them (owned_arg)."""
     return [*map(str, wrapper), str(python), "-m", SERVER_MODULE, "--model", str(model), "--served-model-name",
-            served_name, "--host", HOST, "--port", str(port)]
+            served_name, "--host", HOST, "--port", str(port), "--middleware", SERVER_GUARD]
 
 
 class HttpError(PipelineError):
@@ -129,15 +136,16 @@ def bearer(api_key):
 # Server arguments the collection sets itself: where the server listens and its key. A user's value would expose
 # the server (--host 0.0.0.0) or replace the per-server key; vLLM accepts unique abbreviations and '_' for '-'.
 OWNED_ARGS = ("--host", "--port", "--uds", "--api-key")
+TRUST_ARG = "--trust-remote-code"  # a stage's own switch adds it (never a user's server arguments alone)
 
 
-def owned_arg(args):
+def owned_arg(args, owned_args=OWNED_ARGS):
     """The first of ARGS that sets one of OWNED_ARGS (e.g. '--host=0.0.0.0'), or None."""
     for arg in map(str, args or []):
         if not arg.startswith("--") or len(arg) < 4:
             continue
         name = arg.split("=", 1)[0].replace("_", "-")
-        if any(owned.startswith(name) for owned in OWNED_ARGS):
+        if any(owned.startswith(name) for owned in owned_args):
             return arg
     return None
 
@@ -239,6 +247,9 @@ class VllmServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env.update({k: str(v) for k, v in (self.env or {}).items()})
+        # The server imports the guard (SERVER_GUARD) from this package: its folder leads the server's PYTHONPATH.
+        paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != CODE_DIR]
+        env["PYTHONPATH"] = os.pathsep.join([CODE_DIR, *paths])
         self.api_key = secrets.token_urlsafe(32)
         env["VLLM_API_KEY"] = self.api_key  # the environment only: /proc/<pid>/environ is private to the user
         started = time.monotonic()
@@ -342,6 +353,11 @@ class VllmServer:
         if with_key != 200:
             raise ServeError(f"{self.name}: {url} answered {with_key} with the server's own API key, expected 200; "
                              f"see its log {self.log_path}.")
+        probe = self._get_status(GUARD_PROBE_PATH)
+        if probe not in (401, 403):
+            raise ServeError(f"{self.name}: {self.url(GUARD_PROBE_PATH)} answered {probe} without the API key, expected "
+                             f"401; the server does not run the guard {SERVER_GUARD} (every route but /health needs "
+                             "the key) - start it with serve.vllm_argv, whose --middleware loads the guard.")
 
     def _wait_ready(self, started):
         deadline = started + self.ready_timeout_s

@@ -19,16 +19,16 @@ def _load(path, trust_remote_code):
 
 
 def load_tokenizer(cfg):
-    """The target's tokenizer (its chat template required); one line when it cannot be loaded."""
+    """The target's tokenizer (its chat template required); one line when it cannot be loaded. CFG["target"]: path,
+    trust_remote_code (the stage's switch) and optionally switch (that switch's name, for the hint)."""
     from transformers import AutoTokenizer  # noqa: PLC0415
 
-    path = cfg["target"]["path"]
+    path, trust = cfg["target"]["path"], bool(cfg["target"]["trust_remote_code"])
     try:
-        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg["target"]["trust_remote_code"],
-                                            use_fast=cfg["target"].get("use_fast", True))
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust, use_fast=cfg["target"].get("use_fast", True))
     except Exception as exc:
         raise PipelineError(f"{path}: cannot load the tokenizer ({' '.join(str(exc).split())}); check target.path"
-                            f"{remote_code.hint(path, cfg['target']['trust_remote_code'])}.") from None
+                            f"{remote_code.hint(path, trust, cfg['target'].get('switch', remote_code.SETTING))}.") from None
     if not getattr(tok, "chat_template", None):
         raise PipelineError(f"{path}: the tokenizer has no chat_template; use the target's own tokenizer "
                             "files (tokenizer_config.json with chat_template).")

@@ -20,7 +20,7 @@ import stat
 import sys
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
-from specdec_pipeline import config, metrics
+from specdec_pipeline import config, metrics, remote_code
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.serve import SERVED_NAME, HttpError, NoAnswer, bearer, get_text, post_json, vllm_argv
 
@@ -67,7 +67,7 @@ def server_argv(cfg, layer_ids, staging_dir, port):
 
 
 def server_env(cfg):
-    env = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+    env = {**remote_code.OFFLINE_ENV, "TOKENIZERS_PARALLELISM": "false", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
     if cfg["current"]["device"] == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg["current"]["cpu_kvcache_gib"])
     return env
