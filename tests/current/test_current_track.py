@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,6 +19,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ROOT / "roles" / "eagle3_pipeline" / "files"
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
+from tests.support import pipeline_cli  # noqa: E402
 PREFIX = Path.home() / ".local" / "share" / "specdec-eagle3"
 VENV = Path(os.environ.get("SPECDEC_CURRENT_VENV", PREFIX / "current-env"))
 WORK = Path(os.environ.get("SPECDEC_CURRENT_WORK", PREFIX / "work-current"))
@@ -32,7 +36,7 @@ pytestmark = pytest.mark.skipif(not PY.exists() or not TARGET.exists(),
 
 
 def venv_python(code, **kw):
-    env = dict(os.environ, PYTHONPATH=str(FILES), PYTHONDONTWRITEBYTECODE="1")
+    env = pipeline_cli.environment(PYTHONDONTWRITEBYTECODE="1")
     proc = subprocess.run([str(PY), "-c", code], env=env, text=True, capture_output=True, check=False, **kw)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
@@ -52,7 +56,7 @@ def write_config(path, run_dir, **over):
 
 
 def pipeline_env():
-    return dict(os.environ, PYTHONPATH=str(FILES), PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1")
+    return pipeline_cli.environment(PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1")
 
 
 def merged(base, over):
@@ -107,9 +111,9 @@ def test_bytes_per_token_follows_the_storage():
 def test_layer_ids_must_end_with_the_final_layer(tmp_path):
     cfg = write_config(tmp_path / "c.json", tmp_path / "run", extract={"layer_ids": [2, 4, 5, 7]})
     out = venv_python(
-        "import sys; from specdec_pipeline import config; from specdec_pipeline.tracks import current;"
+        "import sys; from specdec_pipeline import tracks; from specdec_pipeline.tracks import current;"
         "from specdec_pipeline.errors import PipelineError\n"
-        f"cfg = config.load({str(cfg)!r})\n"
+        f"cfg = tracks.load({str(cfg)!r})\n"
         "try:\n    current.layer_ids(cfg)\nexcept PipelineError as e:\n    print(e)\n"
         "cfg['extract']['layer_ids'] = None; print(current.layer_ids(cfg))")
     assert "ending with 8" in out and "eagle3_pipeline_layer_ids" in out
@@ -162,7 +166,7 @@ def test_sigkill_while_a_changed_extraction_is_built_keeps_the_finished_one_then
     kept, manifests = digests(run_dir / "extract"), digests(run_dir / "manifests")
     n_samples = len((run_dir / "prepare" / "samples.jsonl").read_text().splitlines())
     env = pipeline_env()
-    argv = [str(PY), "-m", "specdec_pipeline", str(cfg), "run", "--until", "extract"]
+    argv = pipeline_cli.command(cfg, "run", "--until", "extract", python=PY)
     new = run_dir / "extract.new"
     finished = new / "finished.jsonl"
     with open(tmp_path / "first.log", "w") as log:
@@ -230,8 +234,7 @@ def test_refused_setting_after_a_finished_run_leaves_every_file_byte_identical(t
     n_samples = len((run_dir / "prepare" / "samples.jsonl").read_text().splitlines())
     assert sum(1 for k in before if k.startswith("extract/hidden_states/hs_")) == n_samples
     assert any(k.startswith("train/checkpoints/") for k in before)
-    proc = subprocess.run([str(PY), "-m", "specdec_pipeline", str(cfg), "run"], env=pipeline_env(), text=True,
-                          capture_output=True, check=False, timeout=600)
+    proc = pipeline_cli.run(cfg, "run", python=PY, env=pipeline_env(), timeout=600)
     assert proc.returncode == 2, proc.stderr[-3000:]
     err = error_lines(proc.stderr)
     assert len(err) == 1 and says in err[0], proc.stderr[-3000:]

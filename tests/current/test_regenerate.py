@@ -25,6 +25,7 @@ from test_current_track import (
     digests,
     error_lines,
     freeze_once_listed,
+    pipeline_cli,
     pipeline_env,
     venv_python,
     write_config,
@@ -41,8 +42,7 @@ def config(tmp_path, name="run.json", **over):
 
 
 def pipeline(cfg, timeout=1500):
-    return subprocess.run([str(PY), "-m", "specdec_pipeline", str(cfg), "run", "--until", "regenerate"],
-                          env=pipeline_env(), text=True, capture_output=True, check=False, timeout=timeout)
+    return pipeline_cli.run(cfg, "run", "--until", "regenerate", python=PY, env=pipeline_env(), timeout=timeout)
 
 
 def ledger_ids(path):
@@ -65,7 +65,7 @@ def in_sessions(sids):
 def start_and_kill(cfg, ledger, at_least, log_path):
     """Run the pipeline, SIGKILL it (no clean-up code runs) once LEDGER lists AT_LEAST conversations; its server
     (launcher, API server, engine and workers) must end with it."""
-    argv = [str(PY), "-m", "specdec_pipeline", str(cfg), "run", "--until", "regenerate"]
+    argv = pipeline_cli.command(cfg, "run", "--until", "regenerate", python=PY)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(argv, env=pipeline_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         freeze_once_listed(proc, ledger, at_least)
@@ -247,8 +247,8 @@ def test_prepare_trains_on_complete_regenerated_replies_only(tmp_path):
     cfg = config(tmp_path, dataset={"source": str(FILES / "tiny_conversations.jsonl"), "max_samples": 4,
                                     "heldout": 2}, min_mask_share=0.0)
     out = venv_python(
-        "import json; from specdec_pipeline import config, prepare, target\n"
-        f"cfg = config.load({str(cfg)!r})\n"
+        "import json; from specdec_pipeline import config, prepare, target, tracks\n"
+        f"cfg = tracks.load({str(cfg)!r})\n"
         "convs = prepare.load_conversations(cfg['dataset']['source'])\n"
         "order = prepare.select(cfg, convs)['order']\n"
         "rows = [{'source_index': i, 'usable': n != 1, 'problem': '' if n != 1 else 'length', 'turns': [],\n"
@@ -280,8 +280,8 @@ def test_a_reply_cut_off_at_the_limit_is_trained_on_only_when_asked_and_never_pa
     cfg = config(tmp_path, regenerate=regen, dataset={"source": str(FILES / "tiny_conversations.jsonl"),
                                                       "max_samples": 3}, min_mask_share=0.0)
     out = venv_python(
-        "import json; from specdec_pipeline import config, prepare, target\n"
-        f"cfg = config.load({str(cfg)!r})\n"
+        "import json; from specdec_pipeline import config, prepare, target, tracks\n"
+        f"cfg = tracks.load({str(cfg)!r})\n"
         "convs = prepare.load_conversations(cfg['dataset']['source'])\n"
         "order = prepare.select(cfg, convs)['order']\n"
         "user = lambda i: [m for m in convs[i] if m['role'] == 'user'][:1]\n"

@@ -33,13 +33,14 @@ DRIVER = """
 import json, sys
 from pathlib import Path
 from specdec_pipeline import tracks
-from specdec_pipeline.serve import VllmServer, free_port
+from specdec_pipeline import vllm_server
+from specdec_pipeline.serve import free_port
 from specdec_pipeline.tracks import current
 from specdec_pipeline.tracks.current.backends import server as cs
 cfg = tracks.load(sys.argv[1])
 staging, port = Path(sys.argv[2]), free_port()
-with VllmServer(cs.server_argv(cfg, current.layer_ids(cfg), staging, port), port=port, env=cs.server_env(cfg),
-                log_path=sys.argv[3], ready_timeout_s=900, name="extraction server") as srv:
+with vllm_server.start(cfg, cs.server_argv(cfg, current.layer_ids(cfg), staging, port), port, sys.argv[3],
+                       name="extraction server") as srv:
     print(json.dumps({"port": port, "key": srv.api_key}), flush=True)
     sys.stdin.read()
 """

@@ -5,13 +5,14 @@ Needs the pipeline venv (transformers 4.57, speculators 0.3.0):
 """
 
 import json
-import os
-import subprocess
 import sys
 
 import pytest
-from conftest import FILES
-from specdec_pipeline.errors import exit_text
+from conftest import FILES, ROOT
+
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
+from tests.support import pipeline_cli  # noqa: E402
 
 pytest.importorskip("speculators", reason="run with the pipeline venv (scripts/pipeline-venv)")
 
@@ -19,12 +20,7 @@ DATASET = FILES / "tiny_conversations.jsonl"
 
 
 def pipeline(*args, check=True):
-    env = dict(os.environ, PYTHONPATH=str(FILES))
-    proc = subprocess.run([sys.executable, "-m", "specdec_pipeline", *map(str, args)], env=env, text=True,
-                          capture_output=True, check=False)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"pipeline {args} {exit_text(proc.returncode)}:\n{proc.stderr[-3000:]}")
-    return proc
+    return pipeline_cli.run(*args, check=check, tail=3000)
 
 
 @pytest.fixture(scope="module")

@@ -45,10 +45,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ROOT / "roles" / "eagle3_pipeline" / "files"
 sys.path.insert(0, str(FILES))
+sys.path.insert(1, str(ROOT))
 sys.dont_write_bytecode = True
 
 from specdec_pipeline import evaluate, evaluate_measure, metrics  # noqa: E402 - the package the role ships
 from specdec_pipeline.serve import VllmServer, free_port  # noqa: E402
+from tests.support import pipeline_cli  # noqa: E402 - the pipeline's command line, as every test runs it
 
 OUT = Path(os.environ.get("CURRENT_PROOF_OUT", "gpu-proof-current")).resolve()
 DEVICE = os.environ.get("CURRENT_PROOF_DEVICE", "cuda")
@@ -95,12 +97,11 @@ def elapsed() -> float:
 
 # -- the pipeline and its files ------------------------------------------------------------------------------
 def pipeline(args: list, log_name: str, timeout: float = 1500) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(FILES), os.environ.get("PYTHONPATH", "")]),
-               PYTHONUNBUFFERED="1", COLUMNS="400")  # COLUMNS: speculators' rich log lines unwrapped
+    # COLUMNS: speculators' rich log lines unwrapped
+    env = pipeline_cli.environment(keep_pythonpath=True, PYTHONUNBUFFERED="1", COLUMNS="400")
     (OUT / "logs").mkdir(parents=True, exist_ok=True)
     with open(OUT / "logs" / f"{log_name}.stderr", "w") as err:
-        proc = subprocess.run([sys.executable, "-m", "specdec_pipeline", *map(str, args)], env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=err, timeout=timeout, check=False)
+        proc = pipeline_cli.run(*args, env=env, stdout=subprocess.PIPE, stderr=err, timeout=timeout)
     proc.stderr = (OUT / "logs" / f"{log_name}.stderr").read_text(errors="replace")
     return proc
 
@@ -233,13 +234,13 @@ def check_export(run: Path, ids: list) -> None:
     import torch  # noqa: PLC0415
     from safetensors import safe_open  # noqa: PLC0415
 
-    from specdec_pipeline import config, vocab  # noqa: PLC0415
+    from specdec_pipeline import tracks, vocab  # noqa: PLC0415
 
     conf = json.loads((run / "export" / "config.json").read_text())
     record(f"{run.name}: exported eagle_aux_hidden_state_layer_ids", conf.get("eagle_aux_hidden_state_layer_ids") == ids[:-1],
            f"capture ids {ids} -> exported {conf.get('eagle_aux_hidden_state_layer_ids')} (vLLM's convention: the "
            "capture ids minus the final layer)")
-    d2t_ref, t2d_ref = vocab.load(config.load(run.parent / f"{run.name}.json"))
+    d2t_ref, t2d_ref = vocab.load(tracks.load(run.parent / f"{run.name}.json"))
     with safe_open(str(run / "export" / "model.safetensors"), framework="pt") as f:
         d2t, t2d = f.get_tensor("d2t"), f.get_tensor("t2d")
     record(f"{run.name}: exported d2t/t2d equal the vocab step's", torch.equal(d2t, d2t_ref.to(d2t.dtype))

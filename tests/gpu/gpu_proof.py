@@ -29,6 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ROOT / "roles" / "eagle3_pipeline" / "files"
 GPU_CLI = ROOT / "roles" / "gpu_verify" / "files" / "gpu_check.py"
+sys.path.insert(0, str(ROOT))
+from tests.support import pipeline_cli  # noqa: E402 - the pipeline's command line, as every test runs it
 DATASET = FILES / "tiny_conversations.jsonl"
 OUT = Path(os.environ.get("GPU_PROOF_OUT", "gpu-proof-out")).resolve()
 EXPECT_COUNT = os.environ.get("GPU_EXPECT_COUNT", "1")
@@ -70,9 +72,7 @@ def gpu_check() -> str:
 
 
 def pipeline(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(FILES), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-m", "specdec_pipeline", *args], env=env, text=True,
-                          capture_output=True, check=False)
+    proc = pipeline_cli.run(*args, env=pipeline_cli.environment(keep_pythonpath=True))
     sys.stdout.write(proc.stdout[-3000:])
     sys.stderr.write(proc.stderr[-6000:])
     return proc
@@ -123,9 +123,9 @@ def check_export(cfg_path: Path, run_dir: Path, target: Path) -> None:
     tcfg = AutoConfig.from_pretrained(target)
     hidden, tvocab = tcfg.hidden_size, tcfg.vocab_size
     sys.path.insert(0, str(FILES))
-    from specdec_pipeline import config, vocab  # noqa: PLC0415 - the package the role ships
+    from specdec_pipeline import tracks, vocab  # noqa: PLC0415 - the package the role ships
 
-    d2t_np, t2d_np = vocab.load(config.load(cfg_path))  # the vocab step's mapping, as training read it
+    d2t_np, t2d_np = vocab.load(tracks.load(cfg_path))  # the vocab step's mapping, as training read it
     with safe_open(str(export / "model.safetensors"), framework="pt") as f:
         d2t, t2d = f.get_tensor("d2t"), f.get_tensor("t2d")
         shapes = {k: tuple(f.get_tensor(k).shape) for k in f.keys()}  # noqa: SIM118

@@ -10,12 +10,16 @@ SPECDEC_CURRENT_VENV / SPECDEC_KIMI_WORK override where they are.
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ROOT / "roles" / "eagle3_pipeline" / "files"
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
+from tests.support import pipeline_cli  # noqa: E402
 PREFIX = Path.home() / ".local" / "share" / "specdec-eagle3"
 VENV = Path(os.environ.get("SPECDEC_CURRENT_VENV", PREFIX / "current-env"))
 WORK = Path(os.environ.get("SPECDEC_KIMI_WORK", Path.home() / ".local" / "share" / "specdec-eagle3-kimi" / "work"))
@@ -45,9 +49,8 @@ def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("mini-kimi") / "target"
     runs = []
     for _attempt in range(2):
-        proc = subprocess.run([str(PY), "-m", "specdec_pipeline", str(DATASET), "build-tiny", "--out", str(out),
-                               "--shape", "kimi"], env=dict(os.environ, PYTHONPATH=str(FILES), HF_HUB_OFFLINE="1"),
-                              text=True, capture_output=True, check=False, timeout=900)
+        proc = pipeline_cli.run(DATASET, "build-tiny", "--out", out, "--shape", "kimi", python=PY,
+                                env=pipeline_cli.environment(HF_HUB_OFFLINE="1"), timeout=900)
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     assert [r["changed"] for r in runs] == [True, False]
@@ -176,9 +179,8 @@ def test_transformers_loads_the_checkpoint_names_back_into_kimi_k25(built):
 
 @needs_venv
 def test_a_named_shape_with_settings_or_an_unknown_name_is_one_line():
-    proc = subprocess.run([str(PY), "-m", "specdec_pipeline", str(DATASET), "build-tiny", "--out", "/nonexistent/x",
-                           "--shape", "kimmi"], env=dict(os.environ, PYTHONPATH=str(FILES)), text=True,
-                          capture_output=True, check=False, timeout=300)
+    proc = pipeline_cli.run(DATASET, "build-tiny", "--out", "/nonexistent/x", "--shape", "kimmi", python=PY,
+                            timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "named shape: kimi" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 

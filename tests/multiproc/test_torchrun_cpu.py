@@ -184,10 +184,10 @@ def test_the_final_checkpoint_exports_and_loads(resumed):
     draft model the train worker builds."""
     from safetensors.torch import load_file
 
-    from specdec_pipeline import config
+    from specdec_pipeline import tracks
     from specdec_pipeline.tracks.patched import export, train_worker
 
-    cfg = config.load(resumed["cfg"])
+    cfg = tracks.load(resumed["cfg"])
     export.run(cfg)
     weights = load_file(str(resumed["run_dir"] / "export" / "model.safetensors"))
     model = train_worker.build_model(cfg, "cpu")

@@ -18,7 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 FILES = ROOT / "roles" / "eagle3_pipeline" / "files"
 DATASET = FILES / "tiny_conversations.jsonl"
 sys.path.insert(0, str(FILES))
-from specdec_pipeline.errors import exit_text  # noqa: E402
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
+from tests.support import pipeline_cli  # noqa: E402
 
 # Keep the role's files/ free of __pycache__ (the role copies that tree to the host).
 sys.dont_write_bytecode = True
@@ -28,12 +30,7 @@ os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
 def pipeline(*args, check=True, pythonpath=(), **kw):
     """python -m specdec_pipeline ARGS; PYTHONPATH entries after the code (e.g. a patched speculators tree) come
     before the venv's site-packages, in this process's children and theirs (the trainer)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(FILES), *map(str, pythonpath)]))
-    proc = subprocess.run([sys.executable, "-m", "specdec_pipeline", *map(str, args)], env=env, text=True,
-                          capture_output=True, check=False, **kw)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"pipeline {args} {exit_text(proc.returncode)}:\n{proc.stderr[-4000:]}")
-    return proc
+    return pipeline_cli.run(*args, env=pipeline_cli.environment(after=pythonpath), check=check, **kw)
 
 
 def write_config(path, run_dir, target, **over):

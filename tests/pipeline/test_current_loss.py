@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec_pipeline import config
+from specdec_pipeline import tracks
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.tracks.current import train as current
 
@@ -71,6 +71,6 @@ def test_an_unknown_loss_implementation_is_refused_in_one_line(tmp_path):
     path.write_text('{"run_dir": "/r", "target": {"path": "/t"}, "dataset": {"source": "x.jsonl"}, "track": "current",'
                     ' "current": {"loss_implementation": "triton"}}')
     with pytest.raises(PipelineError) as err:
-        config.load(path)
+        tracks.load(path)
     assert "current.loss_implementation is 'triton'" in str(err.value)
     assert "eagle3_pipeline_loss_implementation" in str(err.value) and "\n" not in str(err.value)

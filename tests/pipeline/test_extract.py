@@ -6,18 +6,18 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 import torch
-from conftest import FILES, write_config
+from conftest import pipeline_cli, write_config
 
-from specdec_pipeline import config
+from specdec_pipeline import disk, tracks
 from specdec_pipeline.tracks.patched.backends.vllm_backend import check_plan, pack
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.ledger import read as read_finished
-from specdec_pipeline.tracks.patched.extract import bytes_needed, disk_preflight, validate_sample
+from specdec_pipeline.tracks.patched import rules
+from specdec_pipeline.tracks.patched.extract import validate_sample
 
 
 def _lines(path):
@@ -26,11 +26,11 @@ def _lines(path):
 
 def test_sigkill_during_extract_then_resume(tiny_target, tmp_path):
     cfg = write_config(tmp_path / "run.json", tmp_path / "run", tiny_target)
-    env = dict(os.environ, PYTHONPATH=str(FILES))
+    env = pipeline_cli.environment()
     finished = tmp_path / "run" / "extract" / "finished.jsonl"
     kill_at = random.Random().randint(1, 20)
-    proc = subprocess.Popen([sys.executable, "-m", "specdec_pipeline", str(cfg), "run", "--until", "extract"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(pipeline_cli.command(cfg, "run", "--until", "extract"), env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while _lines(finished) < kill_at and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -41,8 +41,7 @@ def test_sigkill_during_extract_then_resume(tiny_target, tmp_path):
     assert 0 < len(before) < 24
     stats = {i: os.stat(tmp_path / "run" / "extract" / f"data_{i}.pt") for i in before}
 
-    res = subprocess.run([sys.executable, "-m", "specdec_pipeline", str(cfg), "run", "--until", "extract"],
-                         env=env, capture_output=True, text=True, check=False)
+    res = pipeline_cli.run(cfg, "run", "--until", "extract", env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     ids = [json.loads(x)["id"] for x in finished.read_text().splitlines()]
     assert len(ids) == len(set(ids)) == 24, "a sample is missing or finished twice"
@@ -76,14 +75,15 @@ def test_validation_rejects_nan_and_wrong_shapes(full_run, tmp_path):
 
 
 def test_disk_preflight_sizes(full_run, tmp_path):
+    cfg = tracks.load(full_run["config"])
     # Kimi-K2.5: 4 captured layers x 7168 hidden x 2 bytes (bf16) per token
-    assert bytes_needed(1, 4, 7168, torch.bfloat16) == 57344
-    assert bytes_needed(10_000 * 2048, 4, 7168, torch.bfloat16) == pytest.approx(1.17e12, rel=0.01)
-    cfg = config.load(full_run["config"])
+    assert disk.size(cfg, rules, 1, 4, 7168) == 57344
+    assert disk.size(cfg, rules, 10_000 * 2048, 4, 7168) == pytest.approx(1.17e12, rel=0.01)
     cfg["extract"]["disk_margin"] = 1e15
     with pytest.raises(PipelineError, match=r"^extract: not enough disk space for .*: needs about [0-9.]+ TiB "
-                       r"\(1000 tokens x 4 layers x 64 hidden x 2 B.*\), [0-9.]+ [KMGT]iB free; .*eagle3_pipeline_work_dir"):
-        disk_preflight(cfg, tmp_path, 1000, 4, 64, torch.bfloat16)
+                       r"\(1000 tokens x 512 B/token on the patched track: 4 capture ids x hidden 64 as bfloat16; "
+                       r"margin 1e\+15\), [0-9.]+ [KMGT]iB free; .*eagle3_pipeline_work_dir"):
+        disk.preflight(cfg, rules, tmp_path, 1000, 4, 64)
     assert not list(tmp_path.iterdir())
 
 

@@ -55,10 +55,10 @@ def test_transformers_4_reads_the_mini_kimi_only_through_its_own_code(mini_kimi,
 
 
 def test_with_trust_remote_code_off_the_run_is_refused_in_one_line(mini_kimi, tmp_path):
-    from specdec_pipeline import config, target  # noqa: PLC0415
+    from specdec_pipeline import target, tracks  # noqa: PLC0415
     from specdec_pipeline.errors import PipelineError  # noqa: PLC0415
 
-    cfg = config.load(write_config(tmp_path / "run.json", tmp_path / "run", mini_kimi, track="patched"))
+    cfg = tracks.load(write_config(tmp_path / "run.json", tmp_path / "run", mini_kimi, track="patched"))
     with pytest.raises(PipelineError) as exc:  # the run's first look at the target (its settings check)
         target.text_config(cfg)
     text = str(exc.value)

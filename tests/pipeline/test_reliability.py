@@ -158,7 +158,7 @@ def test_same_inputs_give_byte_identical_samples_and_export(full_run, tmp_path, 
 
 def test_training_file_split_does_not_depend_on_directory_order(full_run, tmp_path, tmpfs):
     """tmpfs lists a directory in creation order: two copies made in opposite orders must train on the same split."""
-    from specdec_pipeline import config
+    from specdec_pipeline import tracks
     from specdec_pipeline.tracks.patched.train_worker import loaders
 
     fs = tmpfs(tmp_path / "fs", "16m") or tmp_path
@@ -168,7 +168,7 @@ def test_training_file_split_does_not_depend_on_directory_order(full_run, tmp_pa
         (fs / name / "extract").mkdir(parents=True)
         for f in files:
             shutil.copyfile(f, fs / name / "extract" / f.name)
-        cfg = config.load(write_config(fs / f"{name}.json", fs / name, full_run["target"]))
+        cfg = tracks.load(write_config(fs / f"{name}.json", fs / name, full_run["target"]))
         train, val = loaders(cfg, 1, 0)
         splits.append(([os.path.basename(x) for x in train.dataset.data],
                        [os.path.basename(x) for x in val.dataset.data]))

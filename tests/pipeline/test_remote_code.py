@@ -13,7 +13,6 @@ Run with the pipeline venv: .cache/venvs/pipeline/bin/python -m pytest tests/pip
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import zipfile
 
 import pytest
 import yaml
-from conftest import DATASET, FILES, ROOT, write_config
+from conftest import DATASET, ROOT, write_config
 
 sys.path.insert(0, str(ROOT / "collections"))
 sys.path.insert(0, str(ROOT))
@@ -29,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 from ansible_collections.specdec.eagle3.plugins.module_utils.ast_probe import SourceTree  # noqa: E402
 from ansible_collections.specdec.eagle3.plugins.module_utils.patch_engine import run as patch_run  # noqa: E402
 from ansible_collections.specdec.eagle3.plugins.module_utils.pyenv import inspect  # noqa: E402
+from tests.support import pipeline_cli  # noqa: E402
 from tests.support.upstream import fetch  # noqa: E402
 
 RUNS = {"configuration_specdec_tiny.py", "modeling_specdec_tiny.py", "tokenization_specdec_tiny.py"}
@@ -104,11 +104,10 @@ def patched_speculators(tmp_path_factory):
 
 
 def _pipeline(cfg, *args, hf_home, pythonpath=()):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*map(str, pythonpath), str(FILES)]), HF_HOME=str(hf_home))
-    env.pop("HF_HUB_OFFLINE", None)  # the pipeline sets it itself
-    env.pop("SPECDEC_TRUST_REMOTE_CODE", None)
-    return subprocess.run([sys.executable, "-m", "specdec_pipeline", str(cfg), *args], env=env, text=True,
-                          capture_output=True, check=False, timeout=900)
+    # HF_HUB_OFFLINE: the pipeline sets it itself
+    env = pipeline_cli.environment(before=pythonpath, drop=("HF_HUB_OFFLINE", "SPECDEC_TRUST_REMOTE_CODE"),
+                                   HF_HOME=hf_home)
+    return pipeline_cli.run(cfg, *args, env=env, timeout=900)
 
 
 def _write(base, target, trust, **over):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import DATASET, pipeline, write_config
 
-from specdec_pipeline import STEPS, config, manifest
+from specdec_pipeline import STEPS, manifest, tracks
 from specdec_pipeline.errors import PipelineError
 
 
@@ -83,7 +83,7 @@ def test_config_change_reruns_that_step_and_the_ones_after(full_run, tmp_path):
 def test_changed_output_file_reruns_the_step(full_run, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(full_run["run_dir"], run_dir)
-    cfg = config.load(write_config(tmp_path / "run.json", run_dir, full_run["target"]))
+    cfg = tracks.load(write_config(tmp_path / "run.json", run_dir, full_run["target"]))
     assert manifest.is_current(cfg, "vocab") == (True, "")
     np.save(run_dir / "vocab" / "d2t.npy", np.zeros(128, dtype=np.int64))
     current, why = manifest.is_current(cfg, "vocab")
@@ -109,4 +109,4 @@ def test_unknown_config_key_is_named(tmp_path):
     path.write_text(json.dumps({"run_dir": "/x", "target": {"path": "/t"}, "dataset": {"source": "a.jsonl"},
                                 "extract": {"layer_idz": [1]}}))
     with pytest.raises(PipelineError, match=r"bad.json.*extract.*unknown key 'layer_idz'"):
-        config.load(path)
+        tracks.load(path)

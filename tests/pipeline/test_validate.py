@@ -72,8 +72,8 @@ def test_a_target_without_weights_is_named(tmp_path, tiny_target):
 
 SEAM = """
 import json, sys
-from specdec_pipeline import config, tracks
-cfg = config.load(sys.argv[1])
+from specdec_pipeline import tracks
+cfg = tracks.load(sys.argv[1])
 for step in ("prepare", "extract", "vocab", "train", "export"):
     tracks.step_module(cfg, step)
 print(json.dumps({"need": tracks.space_needed(cfg, "extract"),
@@ -98,7 +98,8 @@ def test_a_run_loads_only_its_tracks_modules_and_estimate(tmp_path, tiny_target)
                               check=False)
         assert proc.returncode == 0, proc.stderr[-3000:]
         out[track] = json.loads(proc.stdout)
-    assert out["patched"]["other"] == ["specdec_pipeline.tracks.current"]  # the registry's light package only
-    assert out["current"]["other"] == ["specdec_pipeline.tracks.patched"]
+    # the registry's light package and its declarations (rules.py) only
+    assert out["patched"]["other"] == ["specdec_pipeline.tracks.current", "specdec_pipeline.tracks.current.rules"]
+    assert out["current"]["other"] == ["specdec_pipeline.tracks.patched", "specdec_pipeline.tracks.patched.rules"]
     assert out["patched"]["need"] == int(tokens * 4 * 64 * 2 * 1.1)
     assert out["current"]["need"] == int(tokens * (4 * 64 + 4 + 8) * 1.1)  # not the patched track's figure

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.specdec.eagle3.plugins.module_utils.exit_status import exit_text
+from tests.support import pipeline_cli
 from tests.vllm_cpu import overlay as overlay_mod
 from tests.vllm_cpu import venv as vllm_venv
 
@@ -72,9 +73,8 @@ def _env(pythonpath):
 def target(tmp_path_factory, vllm_python):
     """The tiny target with head size 32 (vLLM's CPU attention takes 32, 64, 80, ...)."""
     out = tmp_path_factory.mktemp("tiny32") / "target"
-    proc = subprocess.run([vllm_python(V016), "-m", "specdec_pipeline", str(DATASET), "build-tiny", "--out", str(out),
-                           "--shape", "heads=2,kv_heads=1"], env=_env([FILES]), capture_output=True, text=True,
-                          check=False)
+    proc = pipeline_cli.run(DATASET, "build-tiny", "--out", out, "--shape", "heads=2,kv_heads=1",
+                            python=vllm_python(V016), env=_env([FILES]))
     assert proc.returncode == 0, proc.stderr[-3000:]
     conf = json.loads((out / "config.json").read_text())
     assert conf["hidden_size"] // conf["num_attention_heads"] == 32
@@ -143,8 +143,8 @@ def _config(path, run_dir, target, backend, max_samples=12):
 
 
 def _pipeline(python, site, cfg, **kw):
-    return subprocess.run([python, "-m", "specdec_pipeline", str(cfg), "run", "--until", "extract"],
-                          env=_env([site, FILES]), capture_output=True, text=True, timeout=TIMEOUT, check=False, **kw)
+    return pipeline_cli.run(cfg, "run", "--until", "extract", python=python, env=_env([site, FILES]), timeout=TIMEOUT,
+                            **kw)
 
 
 def _load(run_dir, i):
@@ -207,7 +207,7 @@ def test_sigkill_during_vllm_extraction_then_resume(tmp_path, vllm_python, overl
     python = vllm_python(V016)
     cfg = _config(tmp_path / "run.json", tmp_path / "run", target, "vllm")
     finished = tmp_path / "run" / "extract" / "finished.jsonl"
-    proc = subprocess.Popen([python, "-m", "specdec_pipeline", str(cfg), "run", "--until", "extract"],
+    proc = subprocess.Popen(pipeline_cli.command(cfg, "run", "--until", "extract", python=python),
                             env=_env([site, FILES]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     deadline = time.monotonic() + TIMEOUT
@@ -247,8 +247,8 @@ def test_regenerate_runs_on_the_patched_tracks_vllm(tmp_path, vllm_python, targe
         "dataset": {"source": str(DATASET), "max_samples": 4}, "seq_length": SEQ,
         "regenerate": {"enabled": True, "max_tokens": 8, "concurrency": 2, "keep_truncated": True},
         "current": {"device": "cpu", "enforce_eager": True, "cpu_kvcache_gib": 1}}))
-    proc = subprocess.run([vllm_python(V016), "-m", "specdec_pipeline", str(cfg), "run", "--until", "regenerate"],
-                          env=_env([FILES]), capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    proc = pipeline_cli.run(cfg, "run", "--until", "regenerate", python=vllm_python(V016), env=_env([FILES]),
+                            timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     man = json.loads((run_dir / "manifests" / "regenerate.json").read_text())
     rec = man["regenerate"]

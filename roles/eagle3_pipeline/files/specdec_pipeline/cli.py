@@ -13,7 +13,7 @@ import os
 import sys
 import traceback
 
-from specdec_pipeline import STEPS, config, manifest, remote_code, report, tracks, validate
+from specdec_pipeline import STEPS, algorithms, config, manifest, remote_code, report, tracks, validate
 from specdec_pipeline.errors import PipelineError, StopAfter
 from specdec_pipeline.fsutil import disk_full_error, is_disk_full, recover_swap, write_json
 from specdec_pipeline.progress import log, setup_logging
@@ -42,13 +42,14 @@ def check_settings(cfg, until=None):
 
 def run(cfg, until=None):
     ran, skipped, stopped = [], [], ""
+    steps = tracks.steps(cfg)  # the shared steps, then each other draft algorithm's train and export
     remote_code.announce(cfg, log)  # before anything loads the target: which of its files will run
-    for step in STEPS:  # finish or undo a directory swap a kill interrupted
+    for step in steps:  # finish or undo a directory swap a kill interrupted
         recover_swap(config.run_path(cfg, step))
     check_settings(cfg, until)  # a refused setting (or too little disk space) leaves every file as it was
     write_json(config.run_path(cfg, "progress.json"), {"step": "checking manifests", "state": "running", "done": 0,
-                                                       "total": len(STEPS), "unit": "steps"})
-    for step in STEPS:
+                                                       "total": len(steps), "unit": "steps"})
+    for step in steps:
         current, why = manifest.is_current(cfg, step)
         if current:
             skipped.append(step)
@@ -70,15 +71,18 @@ def run(cfg, until=None):
         if not is_disk_full(exc):
             raise
         raise disk_full_error("report", config.run_path(cfg, "report")) from None
+    done = ran + skipped
+    exports = {algo: str(config.run_path(cfg, algorithms.step_name("export", algo))) for algo in algorithms.chosen(cfg)
+               if algorithms.step_name("export", algo) in done}
     return {"changed": bool(ran), "ran": ran, "skipped": skipped, "stopped": stopped,
-            "report": str(report_path), "run_dir": cfg["run_dir"], "export": str(config.run_path(cfg, "export"))
-            if "export" in ran + skipped else ""}
+            "report": str(report_path), "run_dir": cfg["run_dir"], "export": exports.get("eagle3", ""),
+            "exports": exports}
 
 
 def plan(cfg):
     """{step: why a run would run it, or "" when it would be skipped}. Writes nothing (check mode uses it)."""
     out, first_stale = {}, ""
-    for step in STEPS:
+    for step in tracks.steps(cfg):
         current, why = manifest.is_current(cfg, step)
         if first_stale:
             out[step] = why if not current else f"after {first_stale}"
@@ -92,7 +96,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="specdec_pipeline")
     parser.add_argument("config", help="run configuration JSON (or the dataset for build-tiny)")
     parser.add_argument("command", choices=["run", "status", "plan", "validate", "build-tiny"])
-    parser.add_argument("--until", choices=STEPS)
+    parser.add_argument("--until", choices=[*STEPS, *(algorithms.step_name(base, algo) for algo in algorithms.ALGORITHMS
+                                                      if algo != "eagle3" for base in algorithms.TRAIN_STEPS)])
     parser.add_argument("--out", help="build-tiny: output directory")
     parser.add_argument("--shape", default="", help="build-tiny: e.g. heads=2,kv_heads=1 (head size 32)")
     args = parser.parse_args(argv)
@@ -104,7 +109,7 @@ def main(argv=None):
 
         return tiny.main([args.config, args.out], args.shape)
     try:
-        cfg = config.load(args.config)
+        cfg = tracks.load(args.config)
         if args.command == "plan":
             print(json.dumps(plan(cfg)))
             return 0
@@ -112,8 +117,11 @@ def main(argv=None):
             return validate.main(cfg, sys.stdout, sys.stderr)
         setup_logging(config.run_path(cfg, "logs", "pipeline.log"))
         if args.command == "status":
-            print(json.dumps({s: manifest.is_current(cfg, s)[0] for s in STEPS}))
+            print(json.dumps({s: manifest.is_current(cfg, s)[0] for s in tracks.steps(cfg)}))
             return 0
+        if args.until and args.until not in tracks.steps(cfg):
+            raise PipelineError(f"--until {args.until}: not a step of this run (its steps: {tracks.steps(cfg)}); "
+                                "its algorithms are drafts in the run configuration (eagle3_pipeline_draft_algorithms).")
         summary = run(cfg, args.until)
         write_json(config.run_path(cfg, "summary.json"), summary)
     except PipelineError as exc:
@@ -129,7 +137,7 @@ def main(argv=None):
 
 def _log_traceback(config_path):
     try:
-        path = config.run_path(config.load(config_path), "logs", "pipeline.log")
+        path = config.run_path(tracks.load(config_path), "logs", "pipeline.log")
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a") as f:
             f.write(traceback.format_exc())

@@ -1,21 +1,24 @@
-"""Run configuration: a JSON file (rendered by the role) validated into a dict with defaults.
+"""Run configuration: the shared settings - their defaults, checks and the keys each step's hash covers - and the
+helpers every step uses (run_path, step_config, max_model_len, extract_dtype).
 
-Which keys feed which step's config hash is data (STEP_KEYS): changing one of them re-runs that step
-and, through the manifests' input digests, every step after it.
+The loader of a run configuration is tracks.load (the seam): it merges these defaults with the managed server's
+(vllm_server.SETTINGS) and every track's own (tracks/<track>/rules.py SETTINGS), checks the track's name and runs
+each part's check. This module imports nothing of the tracks (no import circle: the step modules import it).
+
+Which keys feed which step's config hash is data (STEP_KEYS, plus the running track's): changing one of them
+re-runs that step and, through the manifests' input digests, every step after it.
 """
 
 import copy
 import json
 from pathlib import Path
 
+from specdec_pipeline import algorithms
 from specdec_pipeline.errors import PipelineError
-from specdec_pipeline.serve import owned_arg
-from specdec_pipeline.tracks import DEFAULT as DEFAULT_TRACK
-from specdec_pipeline.tracks import TRACKS
 
 DEFAULTS = {
     "run_dir": None,                 # required: everything of this run lives below it
-    "track": DEFAULT_TRACK,          # a name of tracks.TRACKS: which implementation runs the steps (tracks/)
+    "track": None,                   # a name of tracks.TRACKS (None: tracks.DEFAULT): which implementation runs the steps
     # trust_remote_code: run the target's own *.py code (auto_map); off unless asked for (remote_code.py).
     "target": {"path": None, "trust_remote_code": False, "use_fast": True},
     "dataset": {"source": None, "split": "train", "max_samples": None, "seed": 0,
@@ -35,7 +38,7 @@ DEFAULTS = {
         "gpu_memory_utilization": 0.8,
         "max_num_batched_tokens": 8192,
         "batch_size": 8,
-        "disk_margin": 1.1,
+        "disk_margin": 1.1,          # disk.py: the free space a check demands, x the hidden states' size (0: no check)
     },
     "vocab": {"draft_vocab_size": 32000},
     "train": {
@@ -44,30 +47,18 @@ DEFAULTS = {
         "cpu_training": True,
     },
     "export": {"speculative_tokens": 3},
-    # The current track only (tracks/current/): server-side extraction and `speculators train`.
-    "current": {
-        "device": "cuda",            # cuda | cpu (the CPU profile: CPU connector, accelerator calls redirected)
-        "hs_storage": "bf16",        # bf16 | fp8 (hs-connectors' FP8 backend: about half the disk)
-        "port": 0,                   # 0: a free port is picked at start
-        "ready_timeout_s": 1800,
-        "request_timeout_s": 900,
-        "concurrency": 8,
-        "max_model_len": None,       # None: seq_length + 1
-        "language_model_only": False,
-        "enforce_eager": False,
-        "cpu_kvcache_gib": 2,
-        "server_args": [],           # extra `vllm serve` arguments
-        "draft_attn_impl": "auto",   # auto: sdpa on the CPU or when head_dim > 128, else simple_flex_attention
-        "loss_implementation": "auto",  # auto: what a GPU run proved on the installed stack (tracks/current/train.py), else eager
-        "train_data_ratio": 0.9,
-        "num_workers": 2,
-    },
+    # The draft algorithms trained from the one extraction (algorithms.py): EAGLE-3 in train/ and export/, each
+    # other in train-<algo>/ and export-<algo>/.
+    "drafts": ["eagle3"],
+    # The managed vLLM server's settings (vllm_server.SETTINGS) and each track's own section (tracks/<track>/rules.py
+    # SETTINGS) are added by tracks.load.
 }
 
 # Config keys (dotted) each step's hash covers.
 STEP_KEYS = {
     "regenerate": ["target", "dataset", "seq_length", "chat_mode", "regenerate.enabled", "regenerate.temperature",
-                   "regenerate.top_p", "regenerate.max_tokens", "regenerate.seed", "current.max_model_len"],
+                   "regenerate.top_p", "regenerate.max_tokens", "regenerate.seed",
+                   "current.max_model_len"],  # the managed server's context (vllm_server.SETTINGS)
     "prepare": ["target", "dataset", "seq_length", "min_mask_share", "chat_mode", "regenerate.keep_truncated"],
     "extract": ["target", "extract.backend", "extract.layer_ids", "extract.dtype"],
     "vocab": ["target", "vocab"],
@@ -76,18 +67,35 @@ STEP_KEYS = {
     "export": ["target", "export", "extract.layer_ids"],
 }
 # Each track adds its own keys (its package's STEP_KEYS; the patched track's hashes are exactly these).
-HS_STORAGE = ("bf16", "fp8")
+# The steps of an algorithm other than EAGLE-3 (train-<algo>, export-<algo>; algorithms.py): the shared keys their
+# hashes cover, beside the track's own (its package's DRAFT_STEP_KEYS). Not "drafts": adding an algorithm re-runs
+# nothing that was built for another.
+DRAFT_STEP_KEYS = {"train": ["target", "train.epochs", "train.lr", "train.total_seq_len", "train.seed"],
+                   "export": ["target", "extract.layer_ids"]}
 EXTRACT_DTYPES = ("bfloat16", "float16", "float32")  # extract.dtype: what the hidden states are stored as
 
 
-def _merge(base, over, where):
+def combine(base, extra, where="defaults"):
+    """BASE with the declared defaults EXTRA added, section by section; a key declared twice is a programming error."""
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = combine(out[key], value, f"{where}.{key}")
+        elif key in out:
+            raise ValueError(f"{where}.{key} is declared twice")
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def merge(base, over, where):
     out = copy.deepcopy(base)
     for key, value in (over or {}).items():
         if key not in base:
             raise PipelineError(f"{where}: unknown key {key!r}; expected one of {sorted(base)}. "
                                 "Remove or rename it.")
         if isinstance(base[key], dict) and base[key] and isinstance(value, dict):
-            out[key] = _merge(base[key], value, f"{where}.{key}")
+            out[key] = merge(base[key], value, f"{where}.{key}")
         else:
             out[key] = value
     return out
@@ -107,48 +115,28 @@ def read_config_file(path, missing):
     return raw
 
 
-def load(path):
-    path = Path(path)
-    raw = read_config_file(path, "config file not found; render it with the eagle3_pipeline role or write one "
-                                 "(see docs/pipeline.md).")
-    cfg = _merge(DEFAULTS, raw, str(path))
+MISSING = "config file not found; render it with the eagle3_pipeline role or write one (see docs/pipeline.md)."
+
+
+def check(cfg, where):
+    """The shared settings of CFG (read from WHERE), checked: one PipelineError naming the first problem."""
     for key in ("run_dir",):
         if not cfg[key]:
-            raise PipelineError(f"{path}: {key} is required (an absolute directory).")
+            raise PipelineError(f"{where}: {key} is required (an absolute directory).")
     if not cfg["target"]["path"]:
-        raise PipelineError(f"{path}: target.path is required (a local model directory).")
+        raise PipelineError(f"{where}: target.path is required (a local model directory).")
     if not cfg["dataset"]["source"]:
-        raise PipelineError(f"{path}: dataset.source is required (sharegpt, ultrachat, a hub id, "
+        raise PipelineError(f"{where}: dataset.source is required (sharegpt, ultrachat, a hub id, "
                             "or a local .json/.jsonl of conversations).")
     if cfg["extract"]["backend"] not in ("transformers", "vllm"):
-        raise PipelineError(f"{path}: extract.backend is {cfg['extract']['backend']!r}; "
+        raise PipelineError(f"{where}: extract.backend is {cfg['extract']['backend']!r}; "
                             "expected 'transformers' or 'vllm'.")
     if not isinstance(cfg["dataset"]["heldout"], int) or cfg["dataset"]["heldout"] < 0:
-        raise PipelineError(f"{path}: dataset.heldout is {cfg['dataset']['heldout']!r}; expected a whole number "
+        raise PipelineError(f"{where}: dataset.heldout is {cfg['dataset']['heldout']!r}; expected a whole number "
                             ">= 0 (conversations held out of training for evaluation).")
-    if cfg["track"] not in TRACKS:
-        raise PipelineError(f"{path}: track is {cfg['track']!r}; expected one of {sorted(TRACKS)} "
-                            "(specdec_track in the inventory).")
-    if cfg["current"]["hs_storage"] not in HS_STORAGE:
-        raise PipelineError(f"{path}: current.hs_storage is {cfg['current']['hs_storage']!r}; expected one of "
-                            f"{list(HS_STORAGE)} (eagle3_pipeline_hs_storage).")
-    if cfg["current"]["device"] not in ("cuda", "cpu"):
-        raise PipelineError(f"{path}: current.device is {cfg['current']['device']!r}; expected 'cuda' or 'cpu'.")
-    if cfg["current"]["loss_implementation"] not in ("auto", "fused", "eager"):
-        raise PipelineError(f"{path}: current.loss_implementation is {cfg['current']['loss_implementation']!r}; "
-                            "expected 'auto', 'fused' or 'eager' (eagle3_pipeline_loss_implementation).")
-    if not isinstance(cfg["current"]["server_args"], list):
-        raise PipelineError(f"{path}: current.server_args is {cfg['current']['server_args']!r}; expected a list of "
-                            "strings (eagle3_pipeline_server_args).")
-    owned = owned_arg(cfg["current"]["server_args"])
-    if owned:
-        raise PipelineError(f"{path}: current.server_args (eagle3_pipeline_server_args) contains {owned!r}; the "
-                            "pipeline sets the extraction server's host (127.0.0.1), port and API key itself - remove "
-                            "it (current.port chooses a fixed port; 0 picks a free one).")
     if not 0 <= float(cfg["min_mask_share"]) <= 1:
-        raise PipelineError(f"{path}: min_mask_share must be between 0 and 1.")
-    cfg["_path"] = str(path)
-    return cfg
+        raise PipelineError(f"{where}: min_mask_share must be between 0 and 1.")
+    algorithms.check(cfg, where)
 
 
 def pick(cfg, dotted):
@@ -158,9 +146,20 @@ def pick(cfg, dotted):
     return node
 
 
+def step_keys(track_keys, algos=(), track_draft_keys=None):
+    """{step: the config keys its hash covers}: STEP_KEYS plus TRACK_KEYS, a track's own STEP_KEYS (tracks.load
+    stores the running track's in the configuration as "_step_keys"); for each of ALGOS (the drafted algorithms
+    besides EAGLE-3) its train-<algo> and export-<algo> steps: DRAFT_STEP_KEYS plus TRACK_DRAFT_KEYS."""
+    out = {step: keys + list(track_keys.get(step, [])) for step, keys in STEP_KEYS.items()}
+    for algo in algos:
+        for base, keys in DRAFT_STEP_KEYS.items():
+            out[algorithms.step_name(base, algo)] = keys + list((track_draft_keys or {}).get(base, []))
+    return out
+
+
 def step_config(cfg, step):
-    keys = STEP_KEYS[step] + TRACKS[cfg.get("track", DEFAULT_TRACK)].STEP_KEYS.get(step, [])
-    return {k: pick(cfg, k) for k in keys}
+    """{key: value} of the keys STEP's hash covers on CFG's track (CFG as tracks.load returns it)."""
+    return {k: pick(cfg, k) for k in cfg["_step_keys"][step]}
 
 
 def max_model_len(cfg, override=None):

@@ -22,6 +22,7 @@ import json
 import time
 from pathlib import Path
 
+from specdec_pipeline import plots
 from specdec_pipeline.fsutil import atomic_path
 
 HISTORY = "history.jsonl"
@@ -152,29 +153,14 @@ def plot(cfg, report_dir):
     versions = {v for pts in series.values() for v, _al in pts}
     if len(versions) < 2:
         return None
-    report_dir = Path(report_dir)
-    report_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        import matplotlib  # noqa: PLC0415
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
-    except ImportError:
-        plt = None
-    if plt is not None:
-        fig, ax = plt.subplots(figsize=(5, 3))
+    def draw(ax):
         for name, pts in series.items():
             ax.plot([v for v, _al in pts], [al or 1.0 for _v, al in pts], marker="o", label=name)
-        ax.set(title="acceptance length per vLLM version", xlabel="vLLM", ylabel="AL (trained draft)")
-        ax.legend()
-        fig.tight_layout()
-        with atomic_path(report_dir / "acceptance-by-vllm.png") as tmp:
-            fig.savefig(tmp, format="png")
-        plt.close(fig)
-        return "acceptance-by-vllm.png"
-    with atomic_path(report_dir / "acceptance-by-vllm.svg") as tmp:
-        tmp.write_text(_svg(series))
-    return "acceptance-by-vllm.svg"
+
+    return plots.figure(report_dir, "acceptance-by-vllm", draw, {"title": "acceptance length per vLLM version",
+                                                                 "xlabel": "vLLM", "ylabel": "AL (trained draft)"},
+                        legend=True, svg=lambda: _svg(series))
 
 
 def _svg(series, w=420, h=240, pad=40):

@@ -8,11 +8,11 @@ import platform
 import time
 from pathlib import Path
 
-from specdec_pipeline import remote_code
+from specdec_pipeline import algorithms, remote_code
 from specdec_pipeline import versions as installed
 from specdec_pipeline.config import run_path, step_config
 from specdec_pipeline.errors import PipelineError
-from specdec_pipeline.fsutil import read_json, sha256_file, sha256_json, write_json
+from specdec_pipeline.fsutil import plan_step_dir, read_json, sha256_file, sha256_json, write_json
 
 HASH_LIMIT = 64 << 20
 PREVIOUS = {"regenerate": None, "prepare": "regenerate", "extract": "prepare", "vocab": "prepare", "train": "vocab",
@@ -21,6 +21,15 @@ PREVIOUS = {"regenerate": None, "prepare": "regenerate", "extract": "prepare", "
 INPUTS = {"regenerate": [], "prepare": ["regenerate"], "extract": ["prepare"], "vocab": ["prepare"],
           "train": ["extract", "vocab"],
           "export": ["train", "vocab"]}
+
+
+def inputs(step):
+    """The steps whose outputs STEP reads: INPUTS, and for another algorithm's steps (algorithms.py) those of
+    EAGLE-3's - train-<algo> reads the one extraction and the vocab mapping, export-<algo> its own training."""
+    base, algo = algorithms.split(step)
+    if algo in (None, "eagle3"):
+        return INPUTS[step]
+    return [algorithms.step_name(dep, algo) if dep in algorithms.TRAIN_STEPS else dep for dep in INPUTS[base]]
 # Steps that run the target's tokenizer or model on data: their manifests record the target's own code that ran
 # (remote_code.record) and a changed file re-runs them; later steps follow through their inputs.
 REMOTE_CODE_STEPS = ("prepare", "extract")
@@ -59,7 +68,28 @@ def outputs_digest(manifest):
 
 
 def input_digests(cfg, step):
-    return {dep: outputs_digest(read(cfg, dep)) for dep in INPUTS[step] if dep not in SWITCHED or SWITCHED[dep](cfg)}
+    return {dep: outputs_digest(read(cfg, dep)) for dep in inputs(step) if dep not in SWITCHED or SWITCHED[dep](cfg)}
+
+
+def config_hash(cfg, step):
+    """The digest of the settings STEP's hash covers on CFG's track (config.step_config)."""
+    return sha256_json(step_config(cfg, step))
+
+
+def identity(cfg, step):
+    """What a build of STEP is made from: its config hash and its inputs' digests (recorded in its directory, so
+    that a run resumes only a build of the same identity)."""
+    return {"config": config_hash(cfg, step), "inputs": input_digests(cfg, step)}
+
+
+def plan_dir(cfg, step, ident=None, **how):
+    """(work, discard, identity) of STEP, reading only: fsutil.plan_step_dir of its run directory for IDENT (by
+    default identity(cfg, step)); HOW: plan_step_dir's state_name, resume and fix (default: delete the directory
+    named and the step starts over there)."""
+    ident = identity(cfg, step) if ident is None else ident
+    how.setdefault("fix", f"delete it (the {step} step then starts over there)")
+    work, discard = plan_step_dir(run_path(cfg, step), ident, **how)
+    return work, discard, ident
 
 
 def describe_outputs(cfg, paths):
@@ -75,7 +105,7 @@ def is_current(cfg, step):
     man = read(cfg, step)
     if man is None:
         return False, "no manifest"
-    if man.get("config_hash") != sha256_json(step_config(cfg, step)):
+    if man.get("config_hash") != config_hash(cfg, step):
         return False, "config changed"
     if man.get("inputs") != input_digests(cfg, step):
         return False, "inputs changed"
@@ -97,7 +127,7 @@ def write(cfg, step, outputs, counts, started, extra=None):
     man = {
         "step": step,
         "config": step_config(cfg, step),
-        "config_hash": sha256_json(step_config(cfg, step)),
+        "config_hash": config_hash(cfg, step),
         "inputs": input_digests(cfg, step),
         "versions": versions(),
         "counts": counts,

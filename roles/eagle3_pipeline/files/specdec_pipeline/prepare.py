@@ -14,7 +14,6 @@ whose regeneration left no complete reply are dropped and counted.
 
 import json
 import os
-import random
 import tempfile
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ from specdec_pipeline.datasets_io import load_conversations
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.fsutil import atomic_path, write_json
 from specdec_pipeline.progress import Progress, log
+from specdec_pipeline.selection import select
 from specdec_pipeline.target import load_tokenizer
 
 
@@ -87,26 +87,6 @@ def check(cfg):
         chatmode.check(cfg, load_tokenizer(cfg))
 
 
-def select(cfg, convs):
-    """Which conversations prepare trains on and which it holds out, decided from the dataset settings alone
-    (regenerate answers exactly these): {"order", "heldout", "contaminated"} as source indices."""
-    rng = random.Random(cfg["dataset"]["seed"])
-    order = list(range(len(convs)))
-    rng.shuffle(order)
-    heldout_n = int(cfg["dataset"].get("heldout") or 0)
-    if heldout_n and heldout_n >= len(order):
-        raise PipelineError(f"prepare: dataset.heldout is {heldout_n} but {cfg['dataset']['source']} has only "
-                            f"{len(order)} conversations; hold out fewer so some remain for training.")
-    heldout_idx, order = order[:heldout_n], order[heldout_n:]
-    # Decontaminate: a training conversation that opens with a held-out prompt would leak it.
-    held_prompts = {_prompt_key(convs[i]) for i in heldout_idx}
-    contaminated = [i for i in order if _prompt_key(convs[i]) in held_prompts] if heldout_idx else []
-    order = [i for i in order if i not in set(contaminated)]
-    if cfg["dataset"]["max_samples"]:
-        order = order[: int(cfg["dataset"]["max_samples"])]
-    return {"order": order, "heldout": heldout_idx, "contaminated": contaminated}
-
-
 def run(cfg):
     started = time.time()
     out_dir = run_path(cfg, "prepare")
@@ -165,17 +145,6 @@ def run(cfg):
     return manifest.write(cfg, "prepare", [samples_path, freq_path, out_dir / "lengths.json", heldout_path], counts,
                           started, extra={"heldout": {"file": "prepare/heldout.jsonl",
                                                       "source_indices": sorted(r["source_index"] for r in heldout)}})
-
-
-def _prompt_key(messages):
-    """The user turns before the first assistant reply (system prompts ignored), for decontamination."""
-    key = []
-    for m in messages:
-        if m["role"] == "assistant":
-            break
-        if m["role"] == "user":
-            key.append(" ".join(m["content"].split()))
-    return tuple(key)
 
 
 def _write_heldout(tok, convs, indices, seq_length, dest, mode=None):

@@ -3,7 +3,7 @@
 Switched by regenerate.enabled (eagle3_pipeline_regenerate); when off the step records that and prepare trains on
 the dataset's own replies. When on, prepare's selection of training conversations (select: held-out prompts and
 the conversations sharing them left out, max_samples) is answered by a managed vLLM server of the target
-(serve.VllmServer, the extraction server's settings) turn by turn: each user turn, with the target's own earlier
+(vllm_server: the extraction server's settings) turn by turn: each user turn, with the target's own earlier
 replies as history, is rendered in the run's chat mode (chatmode.render, the template's own switch) and completed
 with the recorded sampling settings; stop at EOS, at most regenerate.max_tokens (and what the context leaves).
 
@@ -21,29 +21,19 @@ finished answers stay in regenerate/ until the new ones are complete and swapped
 """
 
 import json
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from specdec_pipeline import chatmode, config, ledger, manifest, versions
+from specdec_pipeline import chatmode, config, ledger, manifest, selection, versions, vllm_server
 from specdec_pipeline.target import load_tokenizer
 from specdec_pipeline.errors import PipelineError
-from specdec_pipeline.fsutil import (
-    atomic_path,
-    open_step_dir,
-    plan_step_dir,
-    sha256_file,
-    sha256_json,
-    swap_in,
-    write_json,
-)
+from specdec_pipeline.fsutil import atomic_path, open_step_dir, sha256_file, swap_in, write_json
 from specdec_pipeline.progress import Progress, log
-from specdec_pipeline.serve import SERVED_NAME, HttpError, NoAnswer, VllmServer, free_port, vllm_argv
+from specdec_pipeline.serve import SERVED_NAME, HttpError, NoAnswer
 
 STEP = "regenerate"
 OUTPUT = "responses.jsonl"
-LAUNCHER = "specdec_pipeline.tracks.current.backends.launch"  # the server ends with the pipeline, even on SIGKILL
 TRUNCATED, EMPTY = "length", "empty"
 
 
@@ -77,10 +67,8 @@ def sampling(cfg):
 
 
 def training_indices(cfg, convs):
-    """The source indices prepare trains on (prepare.select), in its order."""
-    from specdec_pipeline.prepare import select  # noqa: PLC0415 - prepare imports this module
-
-    return select(cfg, convs)["order"]
+    """The source indices prepare trains on (selection.select), in its order."""
+    return selection.select(cfg, convs)["order"]
 
 
 def _load(cfg):
@@ -92,13 +80,6 @@ def _load(cfg):
         raise PipelineError(f"dataset {cfg['dataset']['source']}: no conversations in it; expected at least one "
                             "record with a conversation (fix eagle3_pipeline_dataset).")
     return convs
-
-
-def _step_dir(cfg):
-    identity = {"config": sha256_json(config.step_config(cfg, STEP)), "inputs": manifest.input_digests(cfg, STEP)}
-    work, discard = plan_step_dir(config.run_path(cfg, STEP), identity,
-                                  fix="delete it (the regenerate step then starts over there)")
-    return work, discard, identity
 
 
 def _plan(cfg):
@@ -116,7 +97,7 @@ def _plan(cfg):
     if len(empty) == len(order):
         raise PipelineError(f"regenerate: none of the {len(order)} training conversations of "
                             f"{cfg['dataset']['source']} has a user turn to answer; check the dataset's roles.")
-    work, discard, identity = _step_dir(cfg)
+    work, discard, identity = manifest.plan_dir(cfg, STEP)
     finished = {} if discard else ledger.read(work / "finished.jsonl")
     todo = [i for i in order if i not in finished]
     return {"enabled": True, "tok": tok, "convs": convs, "order": order, "work": work, "discard": discard,
@@ -131,30 +112,9 @@ def check(cfg):
 
 
 def server_argv(cfg, port):
-    """The target's server with the extraction server's settings (dtype, context, parallelism, batching, device,
-    the target's own code switch, extra arguments), without the hidden-states method: a plain generation server."""
-    cur, ext = cfg["current"], cfg["extract"]
-    argv = vllm_argv(sys.executable, cfg["target"]["path"], port, wrapper=[sys.executable, "-m", LAUNCHER])
-    argv += ["--dtype", config.extract_dtype(cfg),
-             "--max-model-len", str(config.max_model_len(cfg, cur["max_model_len"])),
-             "--tensor-parallel-size", str(ext["tensor_parallel_size"]),
-             "--max-num-batched-tokens", str(ext["max_num_batched_tokens"])]
-    if cur["device"] == "cuda":
-        argv += ["--gpu-memory-utilization", str(ext["gpu_memory_utilization"])]
-    if cfg["target"]["trust_remote_code"]:
-        argv.append("--trust-remote-code")
-    if cur["language_model_only"]:
-        argv.append("--language-model-only")
-    if cur["enforce_eager"]:
-        argv.append("--enforce-eager")
-    return argv + [str(a) for a in cur["server_args"]]
-
-
-def server_env(cfg):
-    env = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
-    if cfg["current"]["device"] == "cpu":
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg["current"]["cpu_kvcache_gib"])
-    return env
+    """The target's server with the extraction server's settings (vllm_server.argv), without the hidden-states
+    method: a plain generation server."""
+    return vllm_server.argv(cfg, port)
 
 
 def stop_ids(tok, cfg):
@@ -176,7 +136,7 @@ def answer_conversation(post, tok, cfg, index, messages, stops):
     Returns the record stored for it: the new messages (complete replies only), one entry per requested turn
     with its finish reason and token count, and the problem that ended it early ('length', 'empty' or '')."""
     mode, samp = cfg["chat_mode"], sampling(cfg)
-    limit = config.max_model_len(cfg, cfg["current"]["max_model_len"])
+    limit = config.max_model_len(cfg, vllm_server.settings(cfg)["max_model_len"])
     history, turns, problem, cut = [], [], "", []
     user_turns = [n for n, m in enumerate(messages) if m["role"] == "user"]
     for n, msg in enumerate(messages):
@@ -274,13 +234,12 @@ def run(cfg):
     prog.resume_from(len(order) - len(todo))
     if todo:
         stops = stop_ids(tok, cfg)
-        port = int(cfg["current"]["port"]) or free_port()
+        port = vllm_server.port(cfg)
         argv = server_argv(cfg, port)
         log.info("regenerate: starting the server: %s", " ".join(argv))
-        with VllmServer(argv, port=port, env=server_env(cfg),
-                        log_path=config.run_path(cfg, "logs", "regenerate-server.log"),
-                        ready_timeout_s=float(cfg["current"]["ready_timeout_s"]), name="regenerate server") as srv:
-            post = _post(srv, float(cfg["current"]["request_timeout_s"]))
+        with vllm_server.start(cfg, argv, port, config.run_path(cfg, "logs", "regenerate-server.log"),
+                               name="regenerate server") as srv:
+            post = _post(srv, vllm_server.request_timeout(cfg))
             done = len(order) - len(todo)
             with ThreadPoolExecutor(int(cfg["regenerate"]["concurrency"])) as pool:
                 futures = {pool.submit(answer_conversation, post, tok, cfg, i, convs[i], stops): i for i in todo}

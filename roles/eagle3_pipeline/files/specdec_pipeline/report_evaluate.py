@@ -7,7 +7,7 @@ plot is a PNG through matplotlib when the venv has it, else an SVG of our own.
 
 from pathlib import Path
 
-from specdec_pipeline import evaluate_upgrade
+from specdec_pipeline import evaluate_upgrade, plots
 from specdec_pipeline.fsutil import atomic_path, read_json
 
 BEGIN, END = "<!-- evaluate -->", "<!-- /evaluate -->"
@@ -94,30 +94,15 @@ def plot(results, dest_dir):
     our own SVG."""
     series = {f"{v} ({name})" if len(results["sets"]) > 1 else v: r["per_position"]
               for name, ps in results["sets"].items() for v, r in ps["variants"].items() if r.get("per_position")}
-    dest_dir = Path(dest_dir)
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        import matplotlib  # noqa: PLC0415
+    width = 0.8 / max(len(series), 1)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
-    except ImportError:
-        plt = None
-    if plt is not None:
-        fig, ax = plt.subplots(figsize=(5, 3))
-        width = 0.8 / max(len(series), 1)
+    def draw(ax):
         for i, (name, rates) in enumerate(series.items()):
             ax.bar([p + 1 + i * width for p in range(len(rates))], [r or 0 for r in rates], width=width, label=name)
-        ax.set(title="acceptance per draft position", xlabel="draft position", ylabel="accepted share", ylim=(0, 1))
-        ax.legend()
-        fig.tight_layout()
-        with atomic_path(dest_dir / "acceptance.png") as tmp:
-            fig.savefig(tmp, format="png")
-        plt.close(fig)
-        return "acceptance.png"
-    with atomic_path(dest_dir / "acceptance.svg") as tmp:
-        tmp.write_text(_svg(series))
-    return "acceptance.svg"
+
+    return plots.figure(dest_dir, "acceptance", draw, {"title": "acceptance per draft position",
+                                                       "xlabel": "draft position", "ylabel": "accepted share",
+                                                       "ylim": (0, 1)}, legend=True, svg=lambda: _svg(series))
 
 
 def _svg(series, w=420, h=240, pad=40):

@@ -9,10 +9,10 @@ filesystem has room for the hidden states by the track's estimate. Each problem 
 import json
 from pathlib import Path
 
-from specdec_pipeline import manifest, tracks
+from specdec_pipeline import disk, manifest, tracks
 from specdec_pipeline.config import extract_dtype, run_path
 from specdec_pipeline.errors import PipelineError
-from specdec_pipeline.fsutil import dir_size, free_bytes, human
+from specdec_pipeline.fsutil import dir_size, free_bytes
 
 
 def _settings(cfg):
@@ -49,27 +49,21 @@ def _target_files(cfg):
 
 def _planned_tokens(cfg):
     """(tokens, how they were counted) the extraction will hold: the prepared samples' tokens when prepare ran with
-    these settings, else max_samples - or the local dataset's conversations less the held-out ones - at seq_length
-    tokens each; (None, "") when that cannot be told (a hub dataset without max_samples)."""
-    seq = int(cfg["seq_length"])
+    these settings, else disk.planned_tokens (max_samples, or the local .jsonl dataset's conversations)."""
     if manifest.is_current(cfg, "prepare")[0]:
         rows = [json.loads(line) for line in run_path(cfg, "prepare", "samples.jsonl").read_text().splitlines()
                 if line.strip()]
         return sum(len(r["input_ids"]) for r in rows), f"the {len(rows)} prepared samples"
-    if cfg["dataset"]["max_samples"]:
-        n = int(cfg["dataset"]["max_samples"])
-        return n * seq, f"{n} samples (max_samples) x at most {seq} tokens"
     source = Path(str(cfg["dataset"]["source"]))
+    lines = None
     if source.suffix == ".jsonl" and source.is_file():
         lines = sum(1 for line in source.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip())
-        n = max(lines - int(cfg["dataset"]["heldout"]), 0)
-        return n * seq, f"{n} conversations of {source.name} x at most {seq} tokens"
-    return None, ""
+    return disk.planned_tokens(cfg, lines)
 
 
 def _disk(cfg, ids):
     """The hidden states of the planned tokens against the free space of the run directory's filesystem, by the
-    track's bytes per token; what is already extracted counts as done."""
+    track's bytes per token (disk.py); what is already extracted counts as done."""
     if manifest.is_current(cfg, "extract")[0]:
         return []
     tokens, counted = _planned_tokens(cfg)
@@ -77,21 +71,10 @@ def _disk(cfg, ids):
         return []
     from specdec_pipeline.target import text_config  # noqa: PLC0415 - reads the target's config (transformers)
 
-    track = tracks.of(cfg)
-    hidden = int(text_config(cfg).hidden_size)
-    per_token = track.extract_bytes_per_token(cfg, len(ids), hidden)
-    margin = max(float(cfg["extract"]["disk_margin"]), 1.0)
-    need = int(tokens * per_token * margin)
     have = dir_size(run_path(cfg, "extract")) + dir_size(run_path(cfg, "extract.new"))
-    free = free_bytes(cfg["run_dir"])
-    if need - have > free:
-        return [f"extract: the work directory's filesystem ({cfg['run_dir']}) has {human(free)} free but the planned "
-                f"extraction needs about {human(need - have)} ({counted}, {per_token} B/token on the {track.NAME} "
-                f"track: {len(ids)} capture ids x hidden {hidden}; margin {margin:g}"
-                f"{f'; less {human(have)} already extracted' if have else ''}); point eagle3_pipeline_work_dir at a "
-                "larger filesystem or lower eagle3_pipeline_max_samples"
-                + (" or use eagle3_pipeline_hs_storage: fp8" if track.NAME == "current" else "") + "."]
-    return []
+    problem = disk.problem(cfg, tracks.of(cfg), tokens, counted, len(ids), int(text_config(cfg).hidden_size),
+                           free_bytes(cfg["run_dir"]), have)
+    return [problem] if problem else []
 
 
 def problems(cfg):

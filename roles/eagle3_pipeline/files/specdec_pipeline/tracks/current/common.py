@@ -1,11 +1,10 @@
-"""Helpers the current track's steps share: the stack record, step directories, the datasets folder, the disk check."""
+"""Helpers the current track's steps share: the stack record, the manifests, the datasets folder."""
 
 import shutil
 
 from specdec_pipeline import manifest, versions
-from specdec_pipeline.config import run_path, step_config
-from specdec_pipeline.fsutil import check_space, plan_step_dir, read_json, sha256_json, write_json
-from specdec_pipeline.tracks.current import extract_bytes_per_token
+from specdec_pipeline.fsutil import read_json, write_json
+from specdec_pipeline.tracks.current.rules import NAME
 
 
 def stack_versions():
@@ -19,38 +18,15 @@ def stack_versions():
 
 
 def _write_manifest(cfg, step, outputs, counts, started):
-    return manifest.write(cfg, step, outputs, counts, started, extra={"track": "current", "stack": stack_versions()})
-
-
-def disk_preflight(cfg, out_dir, n_tokens, n_layers, hidden, detail="", reclaim=0):
-    """Fail before anything is written when the filesystem of OUT_DIR cannot hold the remaining hidden states."""
-    storage = cfg["current"]["hs_storage"]
-    per_token = extract_bytes_per_token(cfg, n_layers, hidden)
-    need = int(n_tokens * per_token * float(cfg["extract"]["disk_margin"]))
-    check_space("extract", out_dir, need,
-                f"the hidden states of the remaining samples: {n_tokens} tokens x {per_token} B/token as {storage}, "
-                f"margin {cfg['extract']['disk_margin']}{detail}",
-                "use eagle3_pipeline_hs_storage: fp8, point eagle3_pipeline_work_dir at a larger filesystem or "
-                "lower eagle3_pipeline_max_samples", reclaim=reclaim)
-    return per_token
-
-
-def _step_dir(cfg, step):
-    """(work, discard, identity) of STEP, reading only: its directory when it resumes there (same config and
-    inputs), else <step>.new, where the changed step is built while the finished output stays untouched until
-    the new one is complete (fsutil.plan_step_dir; swap_in at the end)."""
-    identity = {"config": sha256_json(step_config(cfg, step)), "inputs": manifest.input_digests(cfg, step)}
-    work, discard = plan_step_dir(run_path(cfg, step), identity,
-                                  fix=f"delete it (the {step} step then starts over there)")
-    return work, discard, identity
+    return manifest.write(cfg, step, outputs, counts, started, extra={"track": NAME, "stack": stack_versions()})
 
 
 def _inputs_settled(cfg, step):
     """True when every step STEP reads has a manifest made with today's settings: what it left is what STEP will
     read (so the disk-space check can run before the run writes anything)."""
-    for dep in manifest.INPUTS[step]:
+    for dep in manifest.inputs(step):
         man = manifest.read(cfg, dep)
-        if man is None or man.get("config_hash") != sha256_json(step_config(cfg, dep)):
+        if man is None or man.get("config_hash") != manifest.config_hash(cfg, dep):
             return False
     return True
 

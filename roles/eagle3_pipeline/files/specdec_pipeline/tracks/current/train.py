@@ -5,6 +5,7 @@ import subprocess
 import sys
 import time
 
+from specdec_pipeline import manifest
 from specdec_pipeline.config import run_path
 from specdec_pipeline.errors import PipelineError, exit_text
 from specdec_pipeline.fsutil import check_space, dir_size, open_step_dir, read_json, swap_in
@@ -12,7 +13,7 @@ from specdec_pipeline.progress import Progress, log
 from specdec_pipeline.draft import checkpoint_bytes as space_needed
 from specdec_pipeline.target import load_tokenizer
 from specdec_pipeline.target import text_config
-from specdec_pipeline.tracks.current.common import _inputs_settled, _step_dir, _write_manifest, stack_versions
+from specdec_pipeline.tracks.current.common import _inputs_settled, _write_manifest, stack_versions
 
 CHECKPOINT_FILES = ("config.json", "model.safetensors")
 
@@ -161,7 +162,7 @@ def _train_plan(cfg):
     that the remaining epochs' checkpoints fit on the disk."""
     _train_settings(cfg)
     final = run_path(cfg, "train")
-    out, discard, identity = _step_dir(cfg, "train")
+    out, discard, identity = manifest.plan_dir(cfg, "train")
     save_dir = out / "checkpoints"
     remaining = max(int(cfg["train"]["epochs"]) - (0 if discard else len(epochs_done(save_dir))), 0)
     check_space("train", save_dir, space_needed(cfg, remaining),

@@ -13,7 +13,7 @@ from specdec_pipeline import manifest, vocab
 from specdec_pipeline.config import run_path
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.fsutil import atomic_path, check_space, read_json, recover_swap, staging_dir, swap_in
-from specdec_pipeline.tracks.patched import vllm_layer_ids
+from specdec_pipeline.tracks.patched.rules import vllm_layer_ids
 
 REQUIRED = ("d2t", "t2d", "fc.weight", "lm_head.weight", "norm.weight")
 

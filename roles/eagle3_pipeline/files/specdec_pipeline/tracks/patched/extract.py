@@ -14,17 +14,14 @@ import hashlib
 import io
 import time
 
-from specdec_pipeline import ledger, manifest, remote_code
-from specdec_pipeline.config import extract_dtype, run_path, step_config
+from specdec_pipeline import disk, ledger, manifest, remote_code
+from specdec_pipeline.config import extract_dtype, run_path
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.fsutil import (
-    check_space,
     dir_size,
     open_step_dir,
-    plan_step_dir,
     recover_swap,
     sha256_file,
-    sha256_json,
     swap_in,
     write_bytes_atomic,
     write_json,
@@ -32,7 +29,8 @@ from specdec_pipeline.fsutil import (
 from specdec_pipeline.prepare import load_samples
 from specdec_pipeline.progress import Progress, log
 from specdec_pipeline.target import text_config
-from specdec_pipeline.tracks.patched import extract_bytes_per_token, layer_ids
+from specdec_pipeline.tracks.patched import rules
+from specdec_pipeline.tracks.patched.rules import layer_ids
 
 # torch is imported by the functions that need it: the settings check (and `validate`) stays light.
 
@@ -58,31 +56,9 @@ def validate_sample(path, expect_ids, expect_mask, n_layers, hidden, dtype):
             raise ValueError(f"{path}: hidden_states[{j}] holds NaN or Inf")
 
 
-def bytes_needed(n_tokens, n_layers, hidden, dtype):
-    import torch  # noqa: PLC0415
-
-    return n_tokens * n_layers * hidden * torch.tensor([], dtype=dtype).element_size()
-
-
-def disk_preflight(cfg, out_dir, n_tokens, n_layers, hidden, dtype, detail="", fix=None, reclaim=0):
-    """Fail before anything is written when the filesystem of OUT_DIR cannot hold the remaining samples."""
-    import torch  # noqa: PLC0415
-
-    need = int(bytes_needed(n_tokens, n_layers, hidden, dtype) * float(cfg["extract"]["disk_margin"]))
-    size = torch.tensor([], dtype=dtype).element_size()
-    what = (f"{n_tokens} tokens x {n_layers} layers x {hidden} hidden x {size} B, margin "
-            f"{cfg['extract']['disk_margin']}{detail}")
-    free = check_space("extract", out_dir, need, what,
-                       fix or "free space there, point eagle3_pipeline_work_dir at a larger filesystem "
-                       "or lower eagle3_pipeline_max_samples", reclaim=reclaim)
-    return need, free
-
-
 def space_needed(cfg):
-    """Bytes the whole extraction needs (for the disk-full message)."""
-    tokens = sum(len(s["input_ids"]) for s in load_samples(cfg))
-    per_token = extract_bytes_per_token(cfg, len(layer_ids(cfg)), int(text_config(cfg).hidden_size))
-    return int(tokens * per_token * max(float(cfg["extract"]["disk_margin"]), 1.0))
+    """Bytes the whole extraction writes (for the disk-full message): disk.space_needed."""
+    return disk.space_needed(cfg, rules)
 
 
 def check_finished(out_dir, finished):
@@ -133,7 +109,7 @@ def run(cfg):
     tc = text_config(cfg)
     dtype = storage_dtype(cfg)
     backend_cls = _backend_class(cfg)
-    identity = {"config": sha256_json(step_config(cfg, "extract")), "inputs": manifest.input_digests(cfg, "extract")}
+    identity = manifest.identity(cfg, "extract")
     ran = remote_code.record(cfg)["files"]
     if ran:  # the target's own code (trust_remote_code): a changed file starts the extraction over, not a resume
         identity["remote_code"] = ran
@@ -141,8 +117,8 @@ def run(cfg):
     # Same settings: resume in place. Other settings: build the new extraction in extract.new and swap it in when
     # complete - the finished samples stay in extract/ until then (a failure or a kill loses nothing).
     recover_swap(final)
-    out_dir, discard = plan_step_dir(final, identity, fix="delete it (the extraction in that directory is then "
-                                     "started over)")
+    out_dir, discard, identity = manifest.plan_dir(cfg, "extract", identity, fix="delete it (the extraction in that "
+                                                   "directory is then started over)")
     detail, fix = "", None
     if out_dir != final:
         log.info("extract: config or prepared data changed - building the new extraction in %s; %s is kept "
@@ -157,8 +133,8 @@ def run(cfg):
         log.warning("extract: finished sample %s is redone: %s", out_dir / f"data_{i}.pt", why)
         del finished[i]
     todo = [s for s in samples if s["id"] not in finished]
-    disk_preflight(cfg, out_dir, sum(len(s["input_ids"]) for s in todo), len(ids), tc.hidden_size, dtype,
-                   detail, fix, reclaim=dir_size(out_dir) if discard else 0)
+    disk.preflight(cfg, rules, out_dir, sum(len(s["input_ids"]) for s in todo), len(ids), tc.hidden_size, detail,
+                   fix, reclaim=dir_size(out_dir) if discard else 0)
 
     open_step_dir("extract", out_dir, discard, identity)
     # A run killed while writing a sample leaves its temporary file behind; the sample itself is not in

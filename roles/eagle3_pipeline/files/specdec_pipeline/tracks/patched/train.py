@@ -21,7 +21,6 @@ from specdec_pipeline.fsutil import (
     disk_full_error,
     free_bytes,
     open_step_dir,
-    plan_step_dir,
     recover_swap,
     swap_in,
 )
@@ -63,13 +62,11 @@ def run(cfg):
     device, nproc = device_plan(cfg)
     final = run_path(cfg, "train")
     recover_swap(final)
-    identity = {"config": manifest.sha256_json(manifest.step_config(cfg, "train")),
-                "inputs": manifest.input_digests(cfg, "train")}
     # Where the trainer writes: train/ when it resumes there (GPU, same settings), else train.new/ - the finished
     # checkpoints in train/ are replaced only when the new training has finished. A changed config/data starts
     # over; so does the CPU, where speculators 0.3.0 cannot resume (see train_worker).
-    out, discard = plan_step_dir(final, identity, "identity.json", resume=device == "cuda",
-                                 fix="delete it (the training then starts over)")
+    out, discard, identity = manifest.plan_dir(cfg, "train", state_name="identity.json", resume=device == "cuda",
+                                               fix="delete it (the training then starts over)")
     ckpt = out / "checkpoints"
     done = len([p for p in ckpt.iterdir() if p.is_dir() and p.name.isdigit()]) if ckpt.exists() and not discard else 0
     remaining = max(int(cfg["train"]["epochs"]) - done, 0)

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import torch
 
-from specdec_pipeline import config as config_mod
-from specdec_pipeline import remote_code, vocab
+from specdec_pipeline import remote_code, tracks, vocab
 from specdec_pipeline.config import run_path
 from specdec_pipeline.fsutil import disk_full_error, is_disk_full, read_json, write_json
 from specdec_pipeline.progress import setup_logging
 from specdec_pipeline.target import target_config, text_config
-from specdec_pipeline.tracks.patched import cpu_attention, fsdp_init, vllm_layer_ids
+from specdec_pipeline.tracks.patched import cpu_attention, fsdp_init
+from specdec_pipeline.tracks.patched.rules import vllm_layer_ids
 
 
 class MetricsFile(logging.Handler):
@@ -140,7 +140,7 @@ def main(argv=None):
     except Exception as exc:
         if not is_disk_full(exc):
             raise
-        cfg = config_mod.load(argv[0])
+        cfg = tracks.load(argv[0])
         out = Path(argv[2]) if len(argv) > 2 else run_path(cfg, "train")
         path = getattr(exc, "filename", None) or out / "checkpoints"
         logging.getLogger("specdec_pipeline").debug("disk full", exc_info=True)
@@ -152,7 +152,7 @@ def train(argv):
     from speculators.train.trainer import Trainer, TrainerConfig  # noqa: PLC0415
     from speculators.train.utils import maybe_destroy_distributed, maybe_setup_distributed  # noqa: PLC0415
 
-    cfg = config_mod.load(argv[0])
+    cfg = tracks.load(argv[0])
     os.environ.update(remote_code.switch_env(cfg))  # the patched speculators (t01) reads the switch
     device = argv[1]
     setup_logging(run_path(cfg, "logs", "train.log"))

@@ -1,7 +1,8 @@
-"""Run a server that ends with its parent: python -m specdec_pipeline.tracks.current.backends.launch CMD [ARG ...]
+"""Run a server that ends with its parent: python -m specdec_pipeline.vllm_launch CMD [ARG ...]
 
-The extraction server is started through this launcher so that a pipeline killed with SIGKILL (no clean-up code
-runs) leaves nothing holding GPUs and memory. The launcher asks the kernel for SIGTERM when the pipeline process
+Every managed vLLM server (vllm_server.LAUNCHER: regenerate's, the current track's extraction server) is started
+through this launcher so that a pipeline killed with SIGKILL (no clean-up code runs) leaves nothing holding GPUs
+and memory. The launcher asks the kernel for SIGTERM when the pipeline process
 ends (prctl PR_SET_PDEATHSIG), runs CMD as its child in its own process group, and on SIGTERM (the pipeline's
 normal stop, or the pipeline's death) passes SIGTERM to CMD, waits briefly, then kills the whole process group:
 vLLM's engine and worker processes, which outlive a killed API server on their own, included.
@@ -20,7 +21,7 @@ GRACE_S = 20
 
 def main(argv):
     if not argv:
-        print("usage: python -m specdec_pipeline.tracks.current.backends.launch CMD [ARG ...]", file=sys.stderr)
+        print("usage: python -m specdec_pipeline.vllm_launch CMD [ARG ...]", file=sys.stderr)
         return 2
     parent = os.getppid()
     child = subprocess.Popen(argv)
