@@ -1,6 +1,6 @@
 """The preflight stage refuses bad inventories before anything changes, with one message naming the fix.
 
-Runs the real preflight play (playbooks/preflight.yml) against the shipped Kimi-K2.5 sample inventory with
+Runs the real validate play (playbooks/validate.yml) against the shipped Kimi-K2.5 sample inventory with
 overrides; the host is reached through a local connection so no SSH is needed.
 """
 
@@ -14,7 +14,10 @@ import playbook_json
 import pytest
 # The interpreters the venvs are built from: this machine's (preflight refuses a python3.12 that does not run).
 LOCAL = {"ansible_host": "localhost", "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-         "ml_venv_python": sys.executable, "eagle3_evaluate_python": sys.executable}
+         "ml_venv_python": sys.executable, "eagle3_evaluate_python": sys.executable,
+         # No NVIDIA GPU on a test machine (the driver role's own check is tested in test_validate.py), and the
+         # package indexes are asked once there, not by every case here.
+         "nvidia_driver_require_device": False, "specdec_check_published": False}
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +44,10 @@ def _target(model_dir, monkeypatch):
 LOCAL["eagle3_pipeline_max_samples"] = 2
 
 
+REPORT = "Report every problem found, one line each"
+STOP = "Stop before connecting while the connection settings are placeholders"
+
+
 def _item_failed(item):
     """Whether one result of a looped task failed. ansible-core 2.21's json output no longer carries `failed`
     in per-item results; a failed item still carries its `exception` (and an assert its `evaluated_to: false`)."""
@@ -50,15 +57,25 @@ def _item_failed(item):
 
 
 def preflight(*raw, inventory="kimi", **extra):
-    rc, out = playbook_json.run("preflight.yml", inventory, extra, raw)
-    failures = []
+    """Run the validate play; (exit status, its problem lines). The play reports every problem of the host in its last
+    task, one line each; a placeholder in the connection settings stops it before it connects; any other failure
+    (one that stopped the play elsewhere) is returned as that task's message."""
+    rc, out = playbook_json.run("validate.yml", inventory, extra, raw)
+    report, stops, other = [], [], []
     for play in out["plays"]:
         for task in play["tasks"]:
+            name = task["task"]["name"].split(" : ", 1)[-1]
             for res in task["hosts"].values():
-                if res.get("failed"):  # a looped task carries the per-item messages in its results
+                if not res.get("failed"):
+                    continue
+                if name == REPORT:
+                    report += res["msg"].splitlines()[1:]
+                elif name == STOP:
+                    stops.append(res["msg"])
+                else:  # a looped task carries the per-item messages in its results
                     items = [i.get("msg", "") for i in res.get("results", []) if _item_failed(i)]
-                    failures.append(" ".join(items) if items else res.get("msg", ""))
-    return rc, failures
+                    other.append(" ".join(items) if items else res.get("msg", ""))
+    return rc, report or stops or (other[-1:] if rc else [])
 
 
 @pytest.mark.parametrize("inventory", ["local", "local-vllm", "local-current"])
@@ -78,12 +95,12 @@ def test_the_kimi_sample_passes_once_its_placeholders_are_set(inventory):
 
 @pytest.mark.parametrize(("extra", "expected"), [
     ({}, "set ansible_host in the inventory"),
-    ({"specdec_venv_path": "/root/ml-env"}, "cannot read\n/root".replace("\n", " ")),
-    ({"specdec_prefix": "/root"}, "specdec_prefix (the pipeline code's home) is /root"),
+    ({"specdec_venv_path": "/root/ml-env"}, "which cannot pass through /root (mode 0700, root:root) on the way to the ML venv"),
+    ({"specdec_prefix": "/root"}, "which cannot pass through /root (mode 0700, root:root) on the way to the pipeline code"),
     ({"specdec_work_dir": "data/eagle3"}, "specdec_work_dir must be an absolute path"),
     ({"specdec_gpu_count": 0}, "specdec_require_gpu is true but specdec_gpu_count is 0"),
     ({"specdec_require_gpu": False}, "specdec_install_driver is true while specdec_require_gpu is false"),
-    ({"specdec_gpu_compute_capability": "sm120"}, "specdec_gpu_compute_capability like 12.0"),
+    ({"specdec_gpu_compute_capability": "sm120"}, "specdec_gpu_compute_capability must look like 12.0"),
     ({"specdec_extra_ca_bundle": "ca.pem"}, "specdec_extra_ca_bundle must be empty or an absolute path"),
     # Checked against the track's one declaration (the specdec role's argument spec: its choices).
     ({"specdec_track": "newest"}, "value of specdec_track must be one of: patched, current, got: newest"),
@@ -112,11 +129,11 @@ def test_an_inventory_without_a_track_is_refused_in_one_line(tmp_path):
 
 
 @pytest.mark.parametrize(("extra", "expected"), [
-    ({"eagle3_pipeline_seq_length": 0}, "eagle3_pipeline_seq_length is 0; expected a positive number"),
-    ({"eagle3_pipeline_seq_length": -5}, "eagle3_pipeline_seq_length is -5; expected a positive number"),
+    ({"eagle3_pipeline_seq_length": 0}, "eagle3_pipeline_seq_length is 0; expected a value in [1, inf)"),
+    ({"eagle3_pipeline_seq_length": -5}, "eagle3_pipeline_seq_length is -5; expected a value in [1, inf)"),
     ({"eagle3_pipeline_layer_ids": [2, 30, 58, 61]},
      "extract.layer_ids [2, 30, 58, 61]: expected at least 2 layer indices in 0..60"),
-    ({"eagle3_pipeline_layer_ids": [7]}, "eagle3_pipeline_layer_ids is [7]; expected a list of at least 2"),
+    ({"eagle3_pipeline_layer_ids": [7]}, "extract.layer_ids [7]: expected at least 2 layer indices in 0..60"),
     ({"eagle3_pipeline_target_path": "/nonexistent/Kimi-K2.5"},
      "eagle3_pipeline_target_path is '/nonexistent/Kimi-K2.5'; expected an existing model directory"),
     ({"eagle3_pipeline_target_path": "models/kimi"}, "eagle3_pipeline_target_path is 'models/kimi'; expected the absolute path"),
@@ -149,7 +166,7 @@ def test_current_track_capture_ids_must_end_with_the_final_layer_in_preflight():
     # 0..61, but the current track trains on the final layer's output, id 61.
     rc, failures = preflight(inventory="kimi-current", **dict(LOCAL, eagle3_pipeline_layer_ids=[2, 30, 58, 60]))
     assert rc != 0
-    assert failures == ["kimi-k25: extract.layer_ids [2, 30, 58, 60]: on the current track expected distinct vLLM "
+    assert failures == ["extract.layer_ids [2, 30, 58, 60]: on the current track expected increasing vLLM "
                         "capture ids in 0..61 ending with 61 (the final layer of " + str(LOCAL["eagle3_pipeline_target_path"])
                         + ", 61 layers), e.g. [2, 30, 58, 61]; fix eagle3_pipeline_layer_ids."], failures
 
@@ -171,7 +188,7 @@ def test_a_target_without_tokenizer_and_weights_is_refused():
     (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 61, "hidden_size": 64}))
     rc, failures = preflight(**dict(LOCAL, eagle3_pipeline_target_path=str(tmp_path)))
     assert rc != 0
-    assert failures == [f"kimi-k25: eagle3_pipeline_target_path is '{tmp_path}'; expected config.json, a tokenizer "
+    assert failures == [f"eagle3_pipeline_target_path is '{tmp_path}'; expected config.json, a tokenizer "
                         "and weights (*.safetensors or *.bin) in it; missing: a tokenizer, weights."], failures
     shutil.rmtree(tmp_path)
 
@@ -200,10 +217,10 @@ def test_build_tiny_target_given_as_key_value_text_acts_as_a_boolean(value, refu
     ({"specdec_profile": "kimi k2.5"}, "specdec_profile is 'kimi k2.5'; expected one name"),
     ({"specdec_profile": "../../etc"}, "specdec_profile is '../../etc'; expected one name"),
     ({"eagle3_pipeline_run_name": "a/../../b"}, "eagle3_pipeline_run_name is 'a/../../b'; expected one name"),
-    ({"eagle3_pipeline_gpu_memory_utilization": 80}, "eagle3_pipeline_gpu_memory_utilization is 80; expected the share"),
-    ({"eagle3_pipeline_gpu_memory_utilization": 0}, "eagle3_pipeline_gpu_memory_utilization is 0; expected the share"),
-    ({"eagle3_pipeline_server_args": ["--host", "0.0.0.0"]}, "eagle3_pipeline_server_args is [\"--host\", \"0.0.0.0\"]"),
-    ({"eagle3_pipeline_server_args": ["--enforce-eager", "--port=9000"]}, "--host, --port and --api-key are set"),
+    ({"eagle3_pipeline_gpu_memory_utilization": 80}, "eagle3_pipeline_gpu_memory_utilization is 80.0; expected a value in (0, 1]"),
+    ({"eagle3_pipeline_gpu_memory_utilization": 0}, "eagle3_pipeline_gpu_memory_utilization is 0.0; expected a value in (0, 1]"),
+    ({"eagle3_pipeline_server_args": ["--host", "0.0.0.0"]}, "current.server_args (eagle3_pipeline_server_args) contains '--host'"),
+    ({"eagle3_pipeline_server_args": ["--enforce-eager", "--port=9000"]}, "current.server_args (eagle3_pipeline_server_args) contains '--port=9000'"),
     ({"eagle3_evaluate_server_args": ["--api-key", "k"]}, "eagle3_evaluate_server_args is [\"--api-key\", \"k\"]"),
     # The validate entry point has the role's argument spec: a wrong type is refused in preflight.
     ({"eagle3_pipeline_epochs": "many"}, "eagle3_pipeline_epochs"),
@@ -228,7 +245,7 @@ def test_an_evaluate_user_other_than_the_pipeline_user_is_refused_in_one_line(ev
     rc, failures = preflight(**dict(LOCAL, eagle3_evaluate_user=evaluate_user))
     assert rc != 0
     assert failures == [
-        f"kimi-k25: eagle3_evaluate_user is '{evaluate_user}', but the pipeline runs as 'specdec' (eagle3_pipeline_user), "
+        f"eagle3_evaluate_user is '{evaluate_user}', but the pipeline runs as 'specdec' (eagle3_pipeline_user), "
         "whose run directory the evaluate stage reads and writes: it must run as that user too. Remove "
         "eagle3_evaluate_user from the inventory (it defaults to eagle3_pipeline_user) or set it to 'specdec'."], failures
 

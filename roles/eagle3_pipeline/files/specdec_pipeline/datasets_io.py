@@ -12,59 +12,39 @@ import sys
 import tempfile
 from pathlib import Path
 
+from specdec_pipeline import dataset_rules
 from specdec_pipeline.errors import PipelineError
 
 HUB_ALIASES = {
     "sharegpt": ("Aeala/ShareGPT_Vicuna_unfiltered", "train"),
     "ultrachat": ("HuggingFaceH4/ultrachat_200k", "train_sft"),
 }
-ROLE_NAMES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
-              "bing": "assistant", "bard": "assistant", "model": "assistant", "system": "system"}
 
 
 def _normalise(record, where):
+    problem = dataset_rules.turns_problem(record, where)
+    if problem:
+        raise PipelineError(problem)
     turns = record.get("conversations") or record.get("messages") or record.get("conversation")
-    if not isinstance(turns, list):
-        raise PipelineError(f"{where}: expected a 'conversations' (or 'messages') list of "
-                            "{from/role, value/content} turns; fix or drop this record.")
-    out = []
-    for turn in turns:
-        role = ROLE_NAMES.get(str(turn.get("from", turn.get("role", ""))).lower())
-        content = turn.get("value", turn.get("content"))
-        if role is None or not isinstance(content, str):
-            raise PipelineError(f"{where}: turn {turn!r} has no known role (human/gpt/user/assistant/system) "
-                                "or no text; fix or drop this record.")
-        out.append({"role": role, "content": content})
-    return out
+    return [{"role": dataset_rules.ROLE_NAMES[str(t.get("from", t.get("role", ""))).lower()],
+             "content": t.get("value", t.get("content"))} for t in turns]
 
 
 def load_local(path):
-    path = Path(path)
-    text = path.read_text(encoding="utf-8")
-    records = []
-    if path.suffix == ".jsonl":
-        for n, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    records.append((f"{path}:{n}", json.loads(line)))
-                except json.JSONDecodeError as exc:
-                    raise PipelineError(f"{path}:{n}: not valid JSON ({exc.msg}); fix the line.") from None
-    else:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PipelineError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); fix the file.") from None
-        if not isinstance(data, list):
-            raise PipelineError(f"{path}: expected a JSON list of conversation records.")
-        records = [(f"{path}[{i}]", r) for i, r in enumerate(data)]
-    return [_normalise(r, where) for where, r in records]
+    """The conversations of a local .json/.jsonl file (dataset_rules: what such a file must be)."""
+    text, problem = dataset_rules.read_text(str(path))
+    if problem:
+        raise PipelineError(problem)
+    out = []
+    for where, record, bad in dataset_rules.records(os.path.expanduser(str(path)), text):
+        if bad:
+            raise PipelineError(bad)
+        out.append(_normalise(record, where))
+    return out
 
 
 def load_conversations(source, split="train"):
-    if source.endswith((".json", ".jsonl")):
-        if not Path(source).is_file():
-            raise PipelineError(f"dataset {source}: file not found; set eagle3_pipeline_dataset to an existing "
-                                ".json/.jsonl file or a dataset id.")
+    if dataset_rules.is_local(source):
         return load_local(source)
     name, default_split = HUB_ALIASES.get(source, (source, split))
     with tempfile.TemporaryDirectory(prefix="specdec-dataset.") as tmp:
