@@ -4,6 +4,7 @@ import contextlib
 import errno
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -143,11 +144,9 @@ def plan_step_dir(final, identity, state_name="state.json", resume=True,
 
 def open_step_dir(step, work, discard, identity, state_name="state.json"):
     """Make WORK (from plan_step_dir) ready to write: emptied when DISCARD, created, its identity recorded."""
-    from specdec_pipeline.progress import log  # noqa: PLC0415 - progress imports this module
-
     work = Path(work)
-    if discard:
-        log.info("%s: removing %s, an unfinished build with other settings", step, work)
+    if discard:  # the pipeline's logger (progress.log; progress imports this module)
+        logging.getLogger("specdec_pipeline").info("%s: removing %s, an unfinished build with other settings", step, work)
         shutil.rmtree(work)
     work.mkdir(parents=True, exist_ok=True)
     write_json(work / state_name, identity)

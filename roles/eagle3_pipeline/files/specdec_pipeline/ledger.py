@@ -1,7 +1,9 @@
 """The ledger of finished work: extract/finished.jsonl, one JSON record per finished sample (both tracks).
 
 A record is appended (and fsync'ed) only after the sample's file is complete and validated, so the ledger never
-names a file that is not there. A kill during an append leaves a torn last line: `read` ignores it, and with
+names a file that is not there. `append` takes several records at once (a group commit: one write, one fsync);
+a record counts as finished only once its `append` has returned, so a kill before the fsync loses only records
+that nothing reported as done yet. A kill during an append leaves a torn last line: `read` ignores it, and with
 REPAIR cuts it off the file so that the next append starts on a line of its own. Every record has the sample's
 "id" (an int), "tokens", "size" (bytes) and "sha256" of its file; a track may add int FIELDS (e.g. "index").
 """
@@ -41,11 +43,14 @@ def read(path, repair=False, extra=()):
     return done
 
 
-def append(path, rec):
-    """Append REC as one line and fsync it; an OSError names PATH."""
+def append(path, *records):
+    """Append RECORDS, one line each, in one write and one fsync (a group commit); when it returns, all of them are
+    on disk. An OSError names PATH."""
+    if not records:
+        return
     try:
         with open(path, "a") as f:
-            f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+            f.write("".join(json.dumps(rec, separators=(",", ":")) + "\n" for rec in records))
             f.flush()
             os.fsync(f.fileno())
     except OSError as exc:

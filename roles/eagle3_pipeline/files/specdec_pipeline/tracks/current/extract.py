@@ -2,33 +2,32 @@
 
 Resume: extract/finished.jsonl lists finished sample ids (appended after the file was validated and renamed into
 place); files the server wrote for unfinished requests sit in extract/staging and are discarded on the next run.
+
+The files are taken (validated, hashed, renamed: backends/server.take_file) in threads of their own while the
+requests stay in flight; every file taken by then goes into one ledger commit (one fsync), and only after it
+returned are those samples counted as finished. A kill loses only samples not yet in the ledger: their files
+(renamed or still in staging) are made again on the next run.
 """
 
+import contextlib
 import shutil
 import time
 
-from specdec_pipeline import ledger
+from specdec_pipeline import disk, ledger, manifest, vllm_server
 from specdec_pipeline.config import extract_dtype, run_path
 from specdec_pipeline.errors import PipelineError
-from specdec_pipeline.fsutil import dir_size, open_step_dir, sha256_file, swap_in, write_json
+from specdec_pipeline.fsutil import dir_size, open_step_dir, swap_in, write_json
 from specdec_pipeline.prepare import load_samples
 from specdec_pipeline.progress import Progress, log
-from specdec_pipeline.serve import VllmServer, free_port
 from specdec_pipeline.target import text_config
-from specdec_pipeline.tracks.current import extract_bytes_per_token, layer_ids
+from specdec_pipeline.tracks.current import rules
 from specdec_pipeline.tracks.current.backends import server as current_server
-from specdec_pipeline.tracks.current.common import (
-    _dataset_outputs,
-    _inputs_settled,
-    _step_dir,
-    _write_manifest,
-    disk_preflight,
-    write_dataset,
-)
+from specdec_pipeline.tracks.current.common import _dataset_outputs, _inputs_settled, _write_manifest, write_dataset
+from specdec_pipeline.tracks.current.rules import layer_ids
 
 
 def _extract_settings(cfg):
-    """The capture ids (checked against the target's config) after the server's dtype (hs_storage: config.load)."""
+    """The capture ids (checked against the target's config) after the server's dtype (hs_storage: tracks.load)."""
     extract_dtype(cfg)
     return layer_ids(cfg)
 
@@ -40,11 +39,11 @@ def _extract_plan(cfg):
     samples = load_samples(cfg)
     hidden = int(text_config(cfg).hidden_size)
     final = run_path(cfg, "extract")
-    out_dir, discard, identity = _step_dir(cfg, "extract")
+    out_dir, discard, identity = manifest.plan_dir(cfg, "extract")
     finished = {} if discard else ledger.read(out_dir / "finished.jsonl", extra=("index",))
     todo = [s for s in samples if s["id"] not in finished]
     kept = f"; the finished extraction in {final} is kept until the new one is complete" if out_dir != final else ""
-    per_token = disk_preflight(cfg, out_dir, sum(len(s["input_ids"]) for s in todo), len(ids), hidden, kept,
+    per_token = disk.preflight(cfg, rules, out_dir, sum(len(s["input_ids"]) for s in todo), len(ids), hidden, kept,
                                reclaim=dir_size(out_dir) if discard else 0)
     return {"ids": ids, "samples": samples, "hidden": hidden, "final": final, "out_dir": out_dir,
             "discard": discard, "identity": identity, "finished": finished, "todo": todo, "per_token": per_token}
@@ -86,27 +85,13 @@ def run(cfg):
     prog.resume_from(len(finished))
 
     if todo:
-        port = int(cfg["current"]["port"]) or free_port()
+        port = vllm_server.port(cfg)
         argv = current_server.server_argv(cfg, ids, staging, port)
         log.info("extract: starting the server: %s", " ".join(argv))
-        with VllmServer(argv, port=port, env=current_server.server_env(cfg),
-                        log_path=run_path(cfg, "logs", "extract-server.log"),
-                        ready_timeout_s=float(cfg["current"]["ready_timeout_s"])) as srv:
-            for sample, staged in current_server.extract_all(srv.url(), todo, cfg["current"]["concurrency"],
-                                                             float(cfg["current"]["request_timeout_s"]),
-                                                             staging, srv.api_key):  # staged: validated
-                i = index[sample["id"]]
-                dest = hs_dir / f"hs_{i}.safetensors"
-                try:
-                    current_server.check_file(staged, sample["input_ids"], len(ids), hidden, storage)
-                except ValueError as exc:
-                    raise PipelineError(f"extract: the server's file for sample {sample['id']} is not valid ({exc}); "
-                                        "see the server log.") from None
-                shutil.move(staged, dest)  # same filesystem: a rename
-                ledger.append(finished_path, {"id": sample["id"], "index": i, "tokens": len(sample["input_ids"]),
-                                              "size": dest.stat().st_size, "sha256": sha256_file(dest)})
-                finished[sample["id"]] = True
-                prog.update(len(finished), tokens=len(sample["input_ids"]))
+        with vllm_server.start(cfg, argv, port, run_path(cfg, "logs", "extract-server.log")) as srv:
+            _request_phase(cfg, srv, todo, index, finished, prog, {
+                "staging": staging, "hs_dir": hs_dir, "ledger": finished_path, "n_layers": len(ids), "hidden": hidden,
+                "storage": storage})
     prog.finish(f"{len(finished)} samples")
     shutil.rmtree(staging, ignore_errors=True)
 
@@ -131,8 +116,57 @@ def run(cfg):
     return _write_manifest(cfg, "extract", outputs, counts, started)
 
 
+def _request_phase(cfg, srv, todo, index, finished, prog, where):
+    """Send TODO to the server SRV, take each file it writes into WHERE["hs_dir"] (a pool of takers) and commit
+    what is taken to the ledger in groups (one fsync each); FINISHED and PROG learn of a sample only after its
+    commit. Logs, at the end, how the time was spent: the pipeline's part against the server's."""
+    staging, hs_dir, n_layers = where["staging"], where["hs_dir"], where["n_layers"]
+
+    def take(sample, real):
+        i = index[sample["id"]]
+        try:
+            got = current_server.take_file(real, staging, hs_dir / f"hs_{i}.safetensors", sample["input_ids"],
+                                           n_layers, where["hidden"], where["storage"])
+        except ValueError as exc:
+            raise PipelineError(f"extract: the server's file for sample {sample['id']} is not valid ({exc}); "
+                                "see the server log.") from None
+        return {"id": sample["id"], "index": i, "tokens": len(sample["input_ids"]), **got}
+
+    concurrency = cfg["current"]["concurrency"]
+    n_takers = current_server.takers(concurrency)
+    started = time.monotonic()
+    waited, commits, commit_s, took = 0.0, 0, 0.0, []
+    batches = current_server.extract_batches(srv.url(), todo, concurrency, vllm_server.request_timeout(cfg), staging,
+                                             srv.api_key, take=take, n_takers=n_takers)
+    with contextlib.closing(batches):  # on any error the requests and takes still running are ended here
+        while True:
+            t0 = time.monotonic()
+            batch = next(batches, None)
+            t1 = time.monotonic()
+            waited += t1 - t0
+            if batch is None:
+                break
+            records = [r for dummy, r in batch]
+            ledger.append(where["ledger"], *({k: r[k] for k in ("id", "index", "tokens", "size", "sha256")}
+                                             for r in records))
+            commits += 1
+            commit_s += time.monotonic() - t1
+            took += records
+            for r in records:  # only now finished: the commit has returned
+                finished[r["id"]] = True
+            prog.update(len(finished), tokens=sum(r["tokens"] for r in records))
+    wall = max(time.monotonic() - started, 1e-9)
+    tokens = sum(r["tokens"] for r in took)
+    busy = sum(r["busy_s"] for r in took)
+    log.info("extract: %d samples, %d tokens in %.1f s of requests: %.2f samples/s, %.0f tokens/s; the pipeline's part: "
+             "%d takers busy %.1f ms per file (%.0f %% of their time) and waiting %.1f ms per file for the connector's "
+             "write; %d ledger commits of %.1f samples, %.1f ms each; the main thread waited on the server and the "
+             "takers %.0f %% of the time", len(took), tokens, wall, len(took) / wall, tokens / wall, n_takers,
+             1000 * busy / max(len(took), 1), 100 * busy / (wall * n_takers),
+             1000 * sum(r["wait_s"] for r in took) / max(len(took), 1), commits, len(took) / max(commits, 1),
+             1000 * commit_s / max(commits, 1), 100 * waited / wall)
+
+
 def space_needed(cfg):
-    """Bytes the whole extraction needs (for the disk-full message): every prepared token's hidden states."""
-    tokens = sum(len(s["input_ids"]) for s in load_samples(cfg))
-    per_token = extract_bytes_per_token(cfg, len(layer_ids(cfg)), int(text_config(cfg).hidden_size))
-    return int(tokens * per_token * max(float(cfg["extract"]["disk_margin"]), 1.0))
+    """Bytes the whole extraction writes (for the disk-full message): disk.space_needed."""
+    return disk.space_needed(cfg, rules)
