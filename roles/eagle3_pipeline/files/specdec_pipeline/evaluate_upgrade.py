@@ -2,7 +2,8 @@
 
 Every measurement appends one record to <run>/evaluate/history.jsonl: the vLLM that measured, the export's
 digests, the settings' digest and, per prompt set, the prompts' digest, the trained draft's AL, per-position
-acceptance and number of drafts. When a measurement's vLLM differs from the last good record's (a record whose own
+acceptance and number of drafts - and the same for each other draft the run measured (`drafts`: dflash, dspark,
+with their draft tokens per step), each compared with its own earlier figures. When a measurement's vLLM differs from the last good record's (a record whose own
 comparison did not fail), the same prompt sets measured under the same settings are compared position by position:
 a drop of a position's acceptance rate by more than the tolerance (eagle3_evaluate_upgrade_tolerance) fails the
 stage with one line naming both versions and both figures. A failed comparison stays in results.json, so a re-run
@@ -22,7 +23,7 @@ import json
 import time
 from pathlib import Path
 
-from specdec_pipeline import plots
+from specdec_pipeline import evaluate_drafts, plots
 from specdec_pipeline.fsutil import atomic_path
 
 HISTORY = "history.jsonl"
@@ -48,16 +49,23 @@ def history(run_dir):
     return out
 
 
-def _sets(res):
+def _sets(res, variant="trained"):
     return {name: {"digest": s["digest"], "rendered_digest": s["rendered_digest"],
-                   "acceptance_length": s["variants"]["trained"].get("acceptance_length"),
-                   "per_position": s["variants"]["trained"].get("per_position") or [],
-                   "drafts": s["variants"]["trained"].get("drafts")}
-            for name, s in res["sets"].items()}
+                   "acceptance_length": s["variants"][variant].get("acceptance_length"),
+                   "per_position": s["variants"][variant].get("per_position") or [],
+                   "drafts": s["variants"][variant].get("drafts")}
+            for name, s in res["sets"].items() if variant in s["variants"]}
 
 
-# Settings that do not move the trained draft's figures: which other variants are measured, the warm-up.
-NOT_COMPARED = ("baseline", "control", "warmup_requests")
+def _other_drafts(res):
+    """{draft: {"tokens": its draft tokens per step, "sets": _sets}} of the drafts besides EAGLE-3's."""
+    return {name: {"tokens": d["num_speculative_tokens"], "sets": _sets(res, d["variant"])}
+            for name, d in evaluate_drafts.of_results(res).items() if name != "eagle3"}
+
+
+# Settings that do not move a draft's figures: which other variants and drafts are measured, the warm-up (each
+# other draft's own draft tokens are compared with its figures).
+NOT_COMPARED = ("baseline", "control", "warmup_requests", "drafts", "draft_tokens")
 
 
 def _settings_key(res):
@@ -76,21 +84,44 @@ def compare(cfg, res, fp):
     if base.get("settings") != _settings_key(res):
         out["not_compared"]["*"] = "the measurement settings changed since the last run"
         return out
-    for name, now in _sets(res).items():
-        old = base.get("sets", {}).get(name)
+    _compare_sets(base.get("sets", {}), _sets(res), out["sets"], out["not_compared"], "")
+    for draft, now in _other_drafts(res).items():
+        old = (base.get("drafts") or {}).get(draft)
+        out.setdefault("drafts", {})[draft] = {}
+        if not old or old.get("tokens") != now["tokens"]:
+            out["not_compared"][f"* ({draft})"] = ("not measured before" if not old else
+                                                   f"draft tokens {old.get('tokens')} -> {now['tokens']}")
+            continue
+        _compare_sets(old["sets"], now["sets"], out["drafts"][draft], out["not_compared"], f" ({draft})")
+    return out
+
+
+def _compare_sets(before, after, into, not_compared, suffix):
+    """Per prompt set of AFTER: the comparison with BEFORE (same prompts), into INTO; or why not, into NOT_COMPARED
+    (keyed by the set's name and SUFFIX)."""
+    for name, now in after.items():
+        old = before.get(name)
         if not old:
-            out["not_compared"][name] = "not measured before"
+            not_compared[name + suffix] = "not measured before"
             continue
         if old.get("digest") != now["digest"]:
-            out["not_compared"][name] = "other prompts than before"
+            not_compared[name + suffix] = "other prompts than before"
             continue
         pairs = [[o, n] for o, n in zip(old["per_position"], now["per_position"])]
         drops = [(o or 0) - (n or 0) for o, n in pairs]
         worst = max(range(len(drops)), key=lambda i: drops[i]) if drops else None
-        out["sets"][name] = {"acceptance_length": [old["acceptance_length"], now["acceptance_length"]],
-                             "per_position": pairs, "worst_position": None if worst is None else worst + 1,
-                             "worst_drop": round(drops[worst], 4) if drops else 0.0,
-                             "same_requests": old.get("rendered_digest") == now["rendered_digest"]}
+        into[name] = {"acceptance_length": [old["acceptance_length"], now["acceptance_length"]],
+                      "per_position": pairs, "worst_position": None if worst is None else worst + 1,
+                      "worst_drop": round(drops[worst], 4) if drops else 0.0,
+                      "same_requests": old.get("rendered_digest") == now["rendered_digest"]}
+
+
+def _compared(upgrade):
+    """(draft label, prompt set, comparison) of every compared set: the trained (EAGLE-3) draft's, then the
+    others'."""
+    out = [("trained draft", name, c) for name, c in upgrade["sets"].items()]
+    for draft, sets in (upgrade.get("drafts") or {}).items():
+        out += [(evaluate_drafts.label(draft), name, c) for name, c in sets.items()]
     return out
 
 
@@ -98,12 +129,12 @@ def failure(upgrade, tolerance, report_path):
     """'' unless a compared prompt set lost more than TOLERANCE at a position (None: the check is off)."""
     if not upgrade or tolerance is None:
         return ""
-    for name, c in upgrade["sets"].items():
+    for what, name, c in _compared(upgrade):
         if c["worst_drop"] > tolerance:
             pos = c["worst_position"]
             old, new = c["per_position"][pos - 1]
             also = " (the export changed too)" if upgrade["export_changed"] else ""
-            return (f"evaluate: after the vLLM change {upgrade['from']} -> {upgrade['to']}{also}, the trained draft's "
+            return (f"evaluate: after the vLLM change {upgrade['from']} -> {upgrade['to']}{also}, the {what}'s "
                     f"acceptance on {name} fell beyond the tolerance {tolerance:g}: AL {c['acceptance_length'][0]} -> "
                     f"{c['acceptance_length'][1]}, position {pos} {old} -> {new}; report: {report_path}")
     return ""
@@ -113,8 +144,9 @@ def describe(upgrade):
     """One line about the comparison for the play's output ('' when there was none)."""
     if not upgrade:
         return ""
-    parts = [f"{name}: AL {c['acceptance_length'][0]} -> {c['acceptance_length'][1]} (largest drop at a position "
-             f"{c['worst_drop']:+g})" for name, c in upgrade["sets"].items()]
+    parts = [f"{name}{'' if what == 'trained draft' else ' (' + what + ')'}: AL {c['acceptance_length'][0]} -> "
+             f"{c['acceptance_length'][1]} (largest drop at a position {c['worst_drop']:+g})"
+             for what, name, c in _compared(upgrade)]
     parts += [f"{name}: not compared ({why})" for name, why in upgrade["not_compared"].items()]
     return f"vLLM changed {upgrade['from']} -> {upgrade['to']}: " + "; ".join(parts)
 
@@ -125,7 +157,8 @@ def append(cfg, res, fp, upgrade_failed):
     path = history_file(cfg["run_dir"])
     records = history(cfg["run_dir"])
     records.append({"finished": time.time(), "vllm": fp["vllm"], "export": fp["export"],
-                    "settings": _settings_key(res), "sets": _sets(res), "upgrade_failed": bool(upgrade_failed)})
+                    "settings": _settings_key(res), "sets": _sets(res), "drafts": _other_drafts(res),
+                    "upgrade_failed": bool(upgrade_failed)})
     with atomic_path(path) as tmp:
         tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records), encoding="utf-8")
 
@@ -143,6 +176,9 @@ def by_version(run_dir):
     for version in order:
         for name, s in latest[version]["sets"].items():
             out.setdefault(name, []).append((version, s["acceptance_length"]))
+        for draft, d in (latest[version].get("drafts") or {}).items():
+            for name, s in d["sets"].items():
+                out.setdefault(f"{name} ({draft})", []).append((version, s["acceptance_length"]))
     return out
 
 
@@ -202,9 +238,10 @@ def report_lines(run_dir, res):
                   f"{up['from']} -> {up['to']}" + (" (the export changed too)" if up["export_changed"] else "") + ".", "",
                   "| prompt set | AL before | AL after | per position before -> after | largest drop |",
                   "|---|---|---|---|---|"]
-        for name, c in up["sets"].items():
+        for what, name, c in _compared(up):
             pos = ", ".join(f"{o} -> {n}" for o, n in c["per_position"])
-            lines.append(f"| {name} | {c['acceptance_length'][0]} | {c['acceptance_length'][1]} | {pos} | "
+            shown = name if what == "trained draft" else f"{name} ({what})"
+            lines.append(f"| {shown} | {c['acceptance_length'][0]} | {c['acceptance_length'][1]} | {pos} | "
                          f"{c['worst_drop']:+g} (position {c['worst_position']}) |")
         lines += [f"| {name} | - | - | not compared: {why} | - |" for name, why in up["not_compared"].items()]
         lines.append("")

@@ -21,6 +21,12 @@ PREVIOUS = {"regenerate": None, "prepare": "regenerate", "extract": "prepare", "
 INPUTS = {"regenerate": [], "prepare": ["regenerate"], "extract": ["prepare"], "vocab": ["prepare"],
           "train": ["extract", "vocab"],
           "export": ["train", "vocab"]}
+# Steps that run the target's tokenizer or model on data: their manifests record the target's own code that ran
+# (remote_code.record) and a changed file re-runs them; later steps follow through their inputs.
+REMOTE_CODE_STEPS = ("prepare", "extract")
+# Inputs read only while their step is switched on: off, a step's manifest does not depend on them (a run made
+# before the step existed stays current).
+SWITCHED = {"regenerate": lambda cfg: bool(cfg["regenerate"]["enabled"])}
 
 
 def inputs(step):
@@ -30,12 +36,6 @@ def inputs(step):
     if algo in (None, "eagle3"):
         return INPUTS[step]
     return [algorithms.step_name(dep, algo) if dep in algorithms.TRAIN_STEPS else dep for dep in INPUTS[base]]
-# Steps that run the target's tokenizer or model on data: their manifests record the target's own code that ran
-# (remote_code.record) and a changed file re-runs them; later steps follow through their inputs.
-REMOTE_CODE_STEPS = ("prepare", "extract")
-# Inputs read only while their step is switched on: off, a step's manifest does not depend on them (a run made
-# before the step existed stays current).
-SWITCHED = {"regenerate": lambda cfg: bool(cfg["regenerate"]["enabled"])}
 
 
 def manifest_path(cfg, step):

@@ -7,7 +7,7 @@ plot is a PNG through matplotlib when the venv has it, else an SVG of our own.
 
 from pathlib import Path
 
-from specdec_pipeline import evaluate_upgrade, plots
+from specdec_pipeline import evaluate_drafts, evaluate_upgrade, plots
 from specdec_pipeline.fsutil import atomic_path, read_json
 
 BEGIN, END = "<!-- evaluate -->", "<!-- /evaluate -->"
@@ -19,10 +19,11 @@ def report_lines(run_dir):
     if not res or "sets" not in res:
         return []
     s = res["settings"]
+    drafts = evaluate_drafts.of_results(res)
     lines = ["## Evaluation (vLLM spec decode)", "",
              "| setting | value |", "|---|---|",
              f"| engine | {res['engine']['name']} {res['vllm']} |",
-             f"| draft tokens | {s['num_speculative_tokens']} |",
+             f"| draft tokens | {_draft_tokens(res, drafts)} |",
              f"| sampling | temperature {s['temperature']}, top-p {s['top_p']}, seed {s['seed']} |",
              f"| chat mode | {s['chat_mode'] or 'the template default'} |",
              f"| output | at most {s['max_tokens']} tokens, {'EOS ignored' if s['ignore_eos'] else 'stops at EOS'} |",
@@ -36,7 +37,8 @@ def report_lines(run_dir):
                   "| variant | AL | acceptance rate | per-position acceptance | "
                   + " | ".join(f"tokens/s @{c}" for c in s["concurrency"]) + " |",
                   "|---|---|---|---|" + "---|" * len(s["concurrency"])]
-        for variant in ("baseline", "trained", "control"):
+        order = ["baseline"] + [d[k] for d in drafts.values() for k in ("variant", "control")]
+        for variant in order:
             r = ps["variants"].get(variant)
             if not r:
                 continue
@@ -50,11 +52,42 @@ def report_lines(run_dir):
         if ps.get("margin_over_control") is not None:
             lines.append(f"Trained draft over the random-weight control: AL margin {ps['margin_over_control']:+.3f}.")
         lines.append("")
+        if len(drafts) > 1 and ps.get("drafts"):
+            lines += _side_by_side(ps, drafts, s["concurrency"])
     lines += evaluate_upgrade.report_lines(run_dir, res)
     lines.append(f"Gate: {res['gate']}.")
     if res.get("plot"):
         lines += ["", f"![acceptance per draft position]({res['plot']})"]
     return lines + [""]
+
+
+def _draft_tokens(res, drafts):
+    if list(drafts) == ["eagle3"]:
+        return res["settings"]["num_speculative_tokens"]
+    return ", ".join(f"{n}: {d['num_speculative_tokens']}" + (f" (block {d['block_size']})" if d.get("block_size") else "")
+                     for n, d in drafts.items())
+
+
+def _side_by_side(ps, drafts, levels):
+    """The drafts of one prompt set side by side: AL, per-position acceptance, draft tokens / block size, the
+    control's AL and the margin, the speed-up per concurrency; then the best draft by AL and at each level."""
+    lines = ["| draft | method | draft tokens / block | AL | per-position acceptance | control AL | margin | "
+             + " | ".join(f"speed-up @{c}" for c in levels) + " |",
+             "|---|---|---|---|---|---|---|" + "---|" * len(levels)]
+    for name in drafts:
+        e = ps["drafts"].get(name)
+        if not e:
+            continue
+        block = f"{e['num_speculative_tokens']} / {e['block_size']}" if e.get("block_size") else f"{e['num_speculative_tokens']} / -"
+        margin = "-" if e.get("margin_over_control") is None else f"{e['margin_over_control']:+.3f}"
+        lines.append(f"| {name} | {e['method']} | {block} | {_dash(e.get('acceptance_length'))} | "
+                     f"{', '.join(str(x) for x in e.get('per_position') or []) or '-'} | "
+                     f"{_dash(e.get('control_acceptance_length'))} | {margin} | "
+                     + " | ".join(_x((e.get("speedup") or {}).get(str(c))) for c in levels) + " |")
+    top = ps.get("best") or {}
+    said = [f"highest AL: {top['acceptance_length']}"] if top.get("acceptance_length") else []
+    said += [f"fastest at concurrency {c}: {n}" for c, n in (top.get("speedup") or {}).items()]
+    return lines + ["", "Best draft - " + "; ".join(said) + ".", ""] if said else lines + [""]
 
 
 def _x(value):

@@ -1,24 +1,86 @@
-"""Step 5 on the current track - export: the last epoch's speculators-format checkpoint, checked, copied to export/."""
+"""Step 5 on the current track - export: the last epoch's speculators-format checkpoint, checked, copied to export/.
+
+The same step exports each other draft algorithm of the run (export-<algo>, algorithms.py) from train-<algo>/ to
+export-<algo>/, checked by its algorithm: its config as vLLM reads it (speculators_model_type, aux_hidden_state_layer_ids,
+block_size, mask_token_id, the draft tokens per step) and the vocab step's mapping.
+"""
 
 import json
 import shutil
 import time
 
-from specdec_pipeline import vocab
+from specdec_pipeline import algorithms, vocab
 from specdec_pipeline.config import run_path
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.fsutil import atomic_path, read_json
+from specdec_pipeline.progress import log
+from specdec_pipeline.target import text_config
 from specdec_pipeline.tracks.current.common import _write_manifest
 from specdec_pipeline.tracks.current.train import epochs_done
 
 
-def check_export(model_path, conf, aux_ids, d2t, t2d):
+def block_config_problem(conf, algo, aux_ids, block_size, non_causal, vocab_size):
+    """'' when CONF (a DFlash-family draft's config.json) is what ALGO trained with these settings, else the problem:
+    its type, the capture ids it asks the target for, its block, its mask token and the draft tokens per step."""
+    want_tokens = algorithms.speculative_tokens(algo, block_size)
+    methods = (conf.get("speculators_config") or {}).get("proposal_methods") or [{}]
+    mask = conf.get("mask_token_id")
+    for key, got, want in (("speculators_model_type", conf.get("speculators_model_type"), algo),
+                           ("aux_hidden_state_layer_ids", conf.get("aux_hidden_state_layer_ids"), list(aux_ids)),
+                           ("block_size", conf.get("block_size"), block_size),
+                           ("sliding_window_non_causal", conf.get("sliding_window_non_causal"), non_causal),
+                           ("speculators_config.proposal_methods[0].speculative_tokens",
+                            methods[0].get("speculative_tokens"), want_tokens)):
+        if got != want:
+            return f"config.json: {key} is {got!r}, expected {want!r}"
+    if not isinstance(mask, int) or isinstance(mask, bool) or not 0 <= mask < vocab_size:
+        return f"config.json: mask_token_id is {mask!r}, expected a token id of the target (0..{vocab_size - 1})"
+    return ""
+
+
+def as_vllm_reads(conf):
+    """(the draft's model config, its speculative config) as the installed vLLM reads CONF (its speculators reader);
+    None when this venv has no vLLM."""
+    try:
+        from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig  # noqa: PLC0415
+    except ImportError:
+        return None
+    return (SpeculatorsConfig.extract_transformers_pre_trained_config(json.loads(json.dumps(conf))),
+            SpeculatorsConfig.extract_vllm_speculative_config(json.loads(json.dumps(conf))))
+
+
+def vllm_view_problem(conf, aux_ids, tokens, non_causal):
+    """'' when the installed vLLM reads CONF (a DFlash-family config) as trained - the target layers it asks for,
+    the draft tokens per step, causal or not - else the problem; '' as well when this venv has no vLLM."""
+    try:
+        seen = as_vllm_reads(conf)
+    except (ValueError, KeyError, TypeError) as exc:
+        return f"config.json: vLLM's speculators reader refuses it ({exc})"
+    if seen is None:
+        return ""
+    model, spec = seen
+    dflash = model.get("dflash_config") or {}
+    for what, got, want in (("eagle_aux_hidden_state_layer_ids", model.get("eagle_aux_hidden_state_layer_ids"), list(aux_ids)),
+                            ("num_speculative_tokens", spec.get("num_speculative_tokens"), tokens),
+                            ("dflash_config.causal", dflash.get("causal", True), not non_causal)):
+        if got != want:
+            return f"config.json as vLLM reads it: {what} is {got!r}, expected {want!r}"
+    return ""
+
+
+def check_export(model_path, conf, aux_ids, d2t, t2d, block=None):
+    """MODEL_PATH (the copied weights) and CONF against the run: EAGLE-3's aux ids, or for a DFlash-family draft
+    block_config_problem with BLOCK (its other arguments); d2t/t2d equal the vocab step's."""
     import torch  # noqa: PLC0415
     from safetensors import safe_open  # noqa: PLC0415
 
-    if list(conf.get("eagle_aux_hidden_state_layer_ids") or []) != list(aux_ids):
+    if block is None and list(conf.get("eagle_aux_hidden_state_layer_ids") or []) != list(aux_ids):
         raise ValueError(f"config.json: eagle_aux_hidden_state_layer_ids is {conf.get('eagle_aux_hidden_state_layer_ids')}, "
                          f"expected {aux_ids}")
+    if block is not None:
+        problem = block_config_problem(conf, aux_ids=aux_ids, **block)
+        if problem:
+            raise ValueError(problem)
     with safe_open(str(model_path), framework="pt") as f:
         keys = set(f.keys())
         for name in ("d2t", "t2d"):
@@ -28,27 +90,44 @@ def check_export(model_path, conf, aux_ids, d2t, t2d):
             raise ValueError(f"{model_path}: d2t/t2d differ from the vocab step's mapping")
 
 
-def run(cfg):
+def run(cfg, algo="eagle3"):
     started = time.time()
-    done = epochs_done(run_path(cfg, "train", "checkpoints"))
+    step, train = algorithms.step_name("export", algo), algorithms.step_name("train", algo)
+    done = epochs_done(run_path(cfg, train, "checkpoints"))
     if not done:
-        raise PipelineError("export: no checkpoint under train/checkpoints; run the train step first.")
-    src = run_path(cfg, "train", "checkpoints", str(done[-1]))
+        raise PipelineError(f"{step}: no checkpoint under {train}/checkpoints; run the {train} step first.")
+    src = run_path(cfg, train, "checkpoints", str(done[-1]))
     ids = read_json(run_path(cfg, "extract", "data_config.json"))["layer_ids"]
     aux = ids[:-1]  # vLLM capture ids are what the served draft asks the target for
     conf = json.loads((src / "config.json").read_text())
     conf.setdefault("speculators_config", {}).setdefault("verifier", {})["name_or_path"] = str(cfg["target"]["path"])
     d2t, t2d = vocab.load(cfg)
-    out = run_path(cfg, "export")
+    block = None
+    if algo != "eagle3":
+        block = {"algo": algo, "block_size": cfg["dflash"]["block_size"], "non_causal": cfg["dflash"]["non_causal"],
+                 "vocab_size": int(text_config(cfg).vocab_size)}
+        log.info("%s: checking %s, also as the installed vLLM reads it (its speculators reader)", step, src / "config.json")
+        problem = block_config_problem(conf, aux_ids=aux, **block) or vllm_view_problem(
+            conf, aux, algorithms.speculative_tokens(algo, block["block_size"]), block["non_causal"])
+        if problem:  # before anything is written
+            raise PipelineError(f"{step}: {src}/{problem}; delete {run_path(cfg, train)} "
+                                f"and re-run (the {train} step then trains again).")
+    out = run_path(cfg, step)
     out.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / "model.safetensors",
-                     validate=lambda p: check_export(p, conf, aux, d2t, t2d)) as tmp:
+                     validate=lambda p: check_export(p, conf, aux, d2t, t2d, block)) as tmp:
         shutil.copyfile(src / "model.safetensors", tmp)
     with atomic_path(out / "config.json", validate=lambda p: json.loads(p.read_text())) as tmp:
         tmp.write_text(json.dumps(conf, indent=2, sort_keys=True) + "\n")
     for extra in ("generation_config.json",):
         if (src / extra).exists():
             shutil.copyfile(src / extra, out / extra)
-    counts = {"epoch": done[-1], "capture_layer_ids": ids, "eagle_aux_hidden_state_layer_ids": aux,
-              "norm_before_fc": conf.get("norm_before_fc"), "norm_output": conf.get("norm_output")}
-    return _write_manifest(cfg, "export", [out / "config.json", out / "model.safetensors"], counts, started)
+    if algo == "eagle3":
+        counts = {"epoch": done[-1], "capture_layer_ids": ids, "eagle_aux_hidden_state_layer_ids": aux,
+                  "norm_before_fc": conf.get("norm_before_fc"), "norm_output": conf.get("norm_output")}
+    else:
+        counts = {"epoch": done[-1], "capture_layer_ids": ids, "algorithm": algo, "aux_hidden_state_layer_ids": aux,
+                  "block_size": conf["block_size"], "mask_token_id": conf["mask_token_id"],
+                  "speculative_tokens": algorithms.speculative_tokens(algo, conf["block_size"]),
+                  "non_causal": conf["sliding_window_non_causal"]}
+    return _write_manifest(cfg, step, [out / "config.json", out / "model.safetensors"], counts, started)

@@ -1,16 +1,19 @@
-"""Step 4 on the current track - train: `speculators train` (its own trainer, resume and checkpoints)."""
+"""Step 4 on the current track - train: `speculators train` (its own trainer, resume and checkpoints).
+
+The same step trains each other draft algorithm of the run (train-<algo>, algorithms.py) from the same extraction
+and vocab mapping: `--speculator-type <algo>` with the `dflash` settings, into train-<algo>/ with its own logs.
+"""
 
 import re
 import subprocess
 import sys
 import time
 
-from specdec_pipeline import manifest
+from specdec_pipeline import algorithms, draft, manifest
 from specdec_pipeline.config import run_path
 from specdec_pipeline.errors import PipelineError, exit_text
 from specdec_pipeline.fsutil import check_space, dir_size, open_step_dir, read_json, swap_in
 from specdec_pipeline.progress import Progress, log
-from specdec_pipeline.draft import checkpoint_bytes as space_needed
 from specdec_pipeline.target import load_tokenizer
 from specdec_pipeline.target import text_config
 from specdec_pipeline.tracks.current.common import _inputs_settled, _write_manifest, stack_versions
@@ -81,11 +84,38 @@ def mask_token_id(cfg):
                         "`speculators train` needs one id for --mask-token-id: add one to tokenizer_config.json.")
 
 
-def train_argv(cfg, save_dir):
+def space_needed(cfg, epochs=None, algo="eagle3"):
+    """About the bytes EPOCHS (all by default) checkpoints of ALGO's draft take (draft.py)."""
+    if algo == "eagle3":
+        return draft.checkpoint_bytes(cfg, epochs)
+    return draft.block_checkpoint_bytes(cfg, cfg["dflash"]["num_layers"], epochs)
+
+
+def _algorithm_args(cfg, algo):
+    """`speculators train` arguments of a DFlash-family draft (ALGO) beyond the data, vocabulary and trainer ones:
+    its layers, block size, anchors and attention (the test-time-training options are EAGLE-3's only). On the CPU
+    the hidden states are read as float32: speculators' trainer autocasts to bf16 on CUDA only, and DFlash has no
+    float32 norm before its fc layer (EAGLE-3 has), so bf16 features would meet float32 weights there."""
+    dfl = cfg["dflash"]
+    args = ["--num-layers", str(dfl["num_layers"]), "--block-size", str(dfl["block_size"]),
+            "--max-anchors", str(dfl["max_anchors"])]
+    if dfl["non_causal"]:
+        args.append("--sliding-window-non-causal")
+    if cfg["current"]["device"] == "cpu":
+        args += ["--hidden-states-dtype", "float32"]
+    return args
+
+
+def train_argv(cfg, save_dir, algo="eagle3"):
     tr, ext = cfg["train"], run_path(cfg, "extract")
     ids = read_json(ext / "data_config.json")["layer_ids"]
+    if algo == "eagle3":
+        shape = ["--num-layers", str(tr["num_layers"])]
+        ttt = ["--ttt-steps", str(tr["ttt_steps"]), "--ttt-step-loss-decay", str(tr["ttt_step_loss_decay"])]
+    else:
+        shape, ttt = _algorithm_args(cfg, algo), []
     args = ["--verifier-name-or-path", cfg["target"]["path"],
-            "--speculator-type", "eagle3",
+            "--speculator-type", algo,
             "--data-path", str(ext / "dataset"),
             "--hidden-states-path", str(ext / "hidden_states"),
             "--hidden-states-backend", "fp8" if cfg["current"]["hs_storage"] == "fp8" else "file",
@@ -94,12 +124,11 @@ def train_argv(cfg, save_dir):
             "--d2t-path", str(run_path(cfg, "vocab", "d2t.npy")),
             "--t2d-path", str(run_path(cfg, "vocab", "t2d.npy")),
             "--draft-vocab-size", str(cfg["vocab"]["draft_vocab_size"]),
-            "--num-layers", str(tr["num_layers"]),
+            *shape,
             "--epochs", str(tr["epochs"]),
             "--lr", str(tr["lr"]),
             "--total-seq-len", str(tr["total_seq_len"]),
-            "--ttt-steps", str(tr["ttt_steps"]),
-            "--ttt-step-loss-decay", str(tr["ttt_step_loss_decay"]),
+            *ttt,
             "--train-data-ratio", str(cfg["current"]["train_data_ratio"]),
             "--num-workers", str(cfg["current"]["num_workers"]),
             "--draft-attn-impl", attention_impl(cfg),
@@ -107,7 +136,7 @@ def train_argv(cfg, save_dir):
             "--seed", str(tr["seed"]),
             "--mask-token-id", str(mask_token_id(cfg)),
             "--save-path", str(save_dir),
-            "--log-dir", str(run_path(cfg, "logs", "speculators")),
+            "--log-dir", str(run_path(cfg, "logs", "speculators" if algo == "eagle3" else f"speculators-{algo}")),
             "--run-name", "specdec"]
     if cfg["target"]["trust_remote_code"]:
         args.append("--trust-remote-code")
@@ -149,56 +178,62 @@ def train_failure(returncode, text, log_path, impl, why):
     return f"train: `speculators train` {status}: {cause}; its log is {log_path}."
 
 
-def _train_settings(cfg):
+def _train_settings(cfg, algo="eagle3"):
     for key, choices in (("draft_attn_impl", ATTN_IMPLS), ("loss_implementation", LOSS_IMPLS)):
         value = cfg["current"][key]
         if value != "auto" and value not in choices:
             raise PipelineError(f"current.{key} is {value!r}: expected auto or one of {list(choices)} (what "
                                 f"`speculators train` takes); fix eagle3_pipeline_{key}.")
+    if algo != "eagle3":
+        problem = algorithms.speculators_problem(algo)  # the installed trainer, before anything runs
+        if problem:
+            raise PipelineError(problem)
 
 
-def _train_plan(cfg):
-    """What the train step decides before it writes, reading only: the settings checked, where it trains, and
-    that the remaining epochs' checkpoints fit on the disk."""
-    _train_settings(cfg)
-    final = run_path(cfg, "train")
-    out, discard, identity = manifest.plan_dir(cfg, "train")
+def _train_plan(cfg, algo="eagle3"):
+    """What the train step of ALGO decides before it writes, reading only: the settings checked, where it trains,
+    and that the remaining epochs' checkpoints fit on the disk."""
+    _train_settings(cfg, algo)
+    step = algorithms.step_name("train", algo)
+    final = run_path(cfg, step)
+    out, discard, identity = manifest.plan_dir(cfg, step)
     save_dir = out / "checkpoints"
     remaining = max(int(cfg["train"]["epochs"]) - (0 if discard else len(epochs_done(save_dir))), 0)
-    check_space("train", save_dir, space_needed(cfg, remaining),
-                f"{remaining} epoch checkpoints of the draft with optimizer state"
+    check_space(step, save_dir, space_needed(cfg, remaining, algo),
+                f"{remaining} epoch checkpoints of the {'' if algo == 'eagle3' else algo + ' '}draft with optimizer state"
                 + (f"; the finished training in {final} is kept until the new one is complete" if out != final else ""),
                 reclaim=dir_size(out) if discard else 0)
     return final, out, discard, identity
 
 
-def check(cfg):
-    """The train settings, checked before the run writes anything; the disk space too when the extraction and
-    vocab it would read are settled."""
-    if _inputs_settled(cfg, "train"):
-        _train_plan(cfg)
+def check(cfg, algo="eagle3"):
+    """The train settings of ALGO's draft, checked before the run writes anything; the disk space too when the
+    extraction and vocab it would read are settled."""
+    if _inputs_settled(cfg, algorithms.step_name("train", algo)):
+        _train_plan(cfg, algo)
     else:
-        _train_settings(cfg)
+        _train_settings(cfg, algo)
 
 
-def run(cfg):
+def run(cfg, algo="eagle3"):
     started = time.time()
-    final, out, discard, identity = _train_plan(cfg)  # before anything in the run directory is touched
+    step = algorithms.step_name("train", algo)
+    final, out, discard, identity = _train_plan(cfg, algo)  # before anything in the run directory is touched
     if out != final:
-        log.info("train: config or inputs changed - training in %s; %s is kept until the new training is complete",
-                 out, final)
-    open_step_dir("train", out, discard, identity)
+        log.info("%s: config or inputs changed - training in %s; %s is kept until the new training is complete",
+                 step, out, final)
+    open_step_dir(step, out, discard, identity)
     save_dir = out / "checkpoints"
-    argv = train_argv(cfg, save_dir)
+    argv = train_argv(cfg, save_dir, algo)
     impl, why = loss_decision(cfg)
-    log_path = run_path(cfg, "logs", "train.log")
+    log_path = run_path(cfg, "logs", f"{step}.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_start = log_path.stat().st_size if log_path.exists() else 0  # this run's part of the appended log
     epochs = int(cfg["train"]["epochs"])
-    prog = Progress(run_path(cfg, "progress.json"), "train", epochs, unit="epochs")
+    prog = Progress(run_path(cfg, "progress.json"), step, epochs, unit="epochs")
     prog.resume_from(len(epochs_done(save_dir)))
-    log.info("train: loss implementation %s (%s)", impl, why)
-    log.info("train: %s (log %s)", " ".join(argv), log_path)
+    log.info("%s: loss implementation %s (%s)", step, impl, why)
+    log.info("%s: %s (log %s)", step, " ".join(argv), log_path)
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT)
         try:
@@ -217,19 +252,24 @@ def run(cfg):
         with open(log_path, "rb") as f:
             f.seek(log_start)
             text = f.read().decode(errors="replace")
-        raise PipelineError(train_failure(proc.returncode, text, log_path, impl, why))
+        said = train_failure(proc.returncode, text, log_path, impl, why)
+        raise PipelineError(said if algo == "eagle3" else said.replace("train: ", f"{step}: ", 1))
     done = epochs_done(save_dir)
     if not done:
-        raise PipelineError(f"train: `speculators train` finished but wrote no checkpoint under {save_dir}; see {log_path}.")
+        raise PipelineError(f"{step}: `speculators train` finished but wrote no checkpoint under {save_dir}; see {log_path}.")
     last = save_dir / str(done[-1])
     missing = [f for f in CHECKPOINT_FILES if not (last / f).exists()]
     if missing:
-        raise PipelineError(f"train: checkpoint {last} lacks {missing}; see {log_path}.")
+        raise PipelineError(f"{step}: checkpoint {last} lacks {missing}; see {log_path}.")
     prog.finish(f"{len(done)} epochs")
     if out != final:
-        log.info("train: the new training is complete - replacing %s", final)
+        log.info("%s: the new training is complete - replacing %s", step, final)
         swap_in(out, final)
         last = final / "checkpoints" / str(done[-1])
     counts = {"epochs": len(done), "last_epoch": done[-1], "draft_attn_impl": attention_impl(cfg),
               "loss_implementation": impl, "loss_implementation_why": why, "trainer": "speculators train"}
-    return _write_manifest(cfg, "train", [last / f for f in CHECKPOINT_FILES], counts, started)
+    if algo != "eagle3":
+        counts.update(algorithm=algo, block_size=cfg["dflash"]["block_size"], num_layers=cfg["dflash"]["num_layers"],
+                      max_anchors=cfg["dflash"]["max_anchors"], non_causal=cfg["dflash"]["non_causal"],
+                      hidden_states_dtype="float32" if cfg["current"]["device"] == "cpu" else "bfloat16")
+    return _write_manifest(cfg, step, [last / f for f in CHECKPOINT_FILES], counts, started)
