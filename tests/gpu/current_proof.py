@@ -16,6 +16,9 @@ skipped once CURRENT_PROOF_DEADLINE_S has passed):
   fused      `speculators train --loss-implementation fused` on the code LM's data: must fail with the pipeline's
              one line naming eagle3_pipeline_loss_implementation (on the stack where fused is known to fail);
   code-bf16  the code LM's extraction again with bf16 storage at concurrency 32;
+  train-sweep  `speculators train` again on code-fp8's extraction with each packing size and loader worker count of
+             CURRENT_PROOF_TRAIN_SWEEP (total_seq_len:num_workers, comma separated): seconds, samples/s and the
+             GPU's busy share during each run (what limits the trainer);
   kimi-fp8   the mini-Kimi (KIMI_TARGET: built by the pipeline's `build-tiny --shape kimi` with transformers 5.19 and
              carried along) through the same track in thinking mode: regenerate, extract (fp8, language model only),
              vocab, train, export, then the evaluate stage's own command - MLA and MoE through vLLM's CUDA kernels;
@@ -25,7 +28,13 @@ Results: $CURRENT_PROOF_OUT/current_proof.json (rows and figures), written after
 Environment: CODE_LM (the code LM directory), CURRENT_PROOF_OUT, CURRENT_PROOF_DEVICE (cuda | cpu: a rehearsal
 with vLLM's CPU build), CURRENT_PROOF_SAMPLES (400), CURRENT_PROOF_EPOCHS (3), CURRENT_PROOF_PROMPTS (64),
 CURRENT_PROOF_MAX_TOKENS (128), CURRENT_PROOF_CONCURRENCY ("1,8,32"), CURRENT_PROOF_PHASES (all),
-CURRENT_PROOF_DEADLINE_S (no limit), CURRENT_PROOF_SEQ (512), KIMI_TARGET (the mini-Kimi directory).
+CURRENT_PROOF_DEADLINE_S (no limit), CURRENT_PROOF_SEQ (512), KIMI_TARGET (the mini-Kimi directory),
+CURRENT_PROOF_EAGER (1: every server --enforce-eager; 0: CUDA graphs and torch.compile as vLLM defaults),
+CURRENT_PROOF_TRAIN_SWEEP ("2048:2,16384:2,16384:8,65536:8"), CURRENT_PROOF_DRAFTS (the algorithms code-fp8 trains
+from its one extraction, "eagle3"; "eagle3,dflash" adds a DFlash draft measured beside it), CURRENT_PROOF_DFLASH
+("block_size:num_layers", "8:2"), CURRENT_PROOF_TOTAL_SEQ (training's packed row, 4 x CURRENT_PROOF_SEQ),
+CURRENT_PROOF_LR (5e-4), CURRENT_PROOF_NGRAM (1: eval-code also measures vLLM's n-gram speculation, the free
+baseline a trained draft has to beat).
 """
 
 from __future__ import annotations
@@ -60,11 +69,20 @@ EPOCHS = int(os.environ.get("CURRENT_PROOF_EPOCHS", "3"))
 N_PROMPTS = int(os.environ.get("CURRENT_PROOF_PROMPTS", "64"))
 MAX_TOKENS = int(os.environ.get("CURRENT_PROOF_MAX_TOKENS", "128"))
 CONCURRENCY = [int(c) for c in os.environ.get("CURRENT_PROOF_CONCURRENCY", "1,8,32").split(",")]
-PHASES = os.environ.get("CURRENT_PROOF_PHASES", "code-fp8,eval-code,fused,tiny-bf16,code-bf16,kimi-fp8").split(",")
+PHASES = os.environ.get("CURRENT_PROOF_PHASES",
+                        "code-fp8,eval-code,train-sweep,fused,tiny-bf16,code-bf16,kimi-fp8").split(",")
 KIMI_TARGET = Path(os.environ["KIMI_TARGET"]).resolve() if os.environ.get("KIMI_TARGET") else None
 KIMI_IDS = [2, 4, 5, 8]  # capture ids of the mini-Kimi's 8 text layers (inventory/local-kimi's)
 DEADLINE = float(os.environ.get("CURRENT_PROOF_DEADLINE_S", "0")) or None
 SEQ = int(os.environ.get("CURRENT_PROOF_SEQ", "512"))
+EAGER = os.environ.get("CURRENT_PROOF_EAGER", "1") == "1"
+TRAIN_SWEEP = [tuple(int(x) for x in v.split(":")) for v in
+               os.environ.get("CURRENT_PROOF_TRAIN_SWEEP", "2048:2,16384:2,16384:8,65536:8").split(",") if v]
+DRAFTS = [a for a in os.environ.get("CURRENT_PROOF_DRAFTS", "eagle3").split(",") if a]
+DFLASH_BLOCK, DFLASH_LAYERS = (int(x) for x in os.environ.get("CURRENT_PROOF_DFLASH", "8:2").split(":"))
+TOTAL_SEQ = int(os.environ.get("CURRENT_PROOF_TOTAL_SEQ", "0")) or 4 * SEQ
+LR = float(os.environ.get("CURRENT_PROOF_LR", "5e-4"))
+NGRAM = os.environ.get("CURRENT_PROOF_NGRAM", "1") == "1"
 CODE_IDS = [1, 3, 4, 6]  # vLLM capture ids of the 6-layer code LM (6 = the final layer's output)
 T0 = time.monotonic()
 state: dict = {"date": time.strftime("%Y-%m-%d"), "device": DEVICE, "rows": [], "figures": {}, "phases": {}}
@@ -128,8 +146,8 @@ def base_cfg(run: Path, target: Path, data: Path, storage: str, concurrency: int
            "seq_length": SEQ,
            "extract": {"dtype": "bfloat16", "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.5},
            "vocab": {"draft_vocab_size": 2048},
-           "train": {"epochs": EPOCHS, "lr": 5e-4, "total_seq_len": 4 * SEQ, "seed": 0},
-           "current": {"device": DEVICE, "hs_storage": storage, "concurrency": concurrency, "enforce_eager": True,
+           "train": {"epochs": EPOCHS, "lr": LR, "total_seq_len": TOTAL_SEQ, "seed": 0},
+           "current": {"device": DEVICE, "hs_storage": storage, "concurrency": concurrency, "enforce_eager": EAGER,
                        "num_workers": 2, "ready_timeout_s": 900, "cpu_kvcache_gib": 2}}
     for key, value in over.items():
         if isinstance(value, dict):
@@ -248,27 +266,31 @@ def check_export(run: Path, ids: list) -> None:
            f"d2t {tuple(d2t.shape)} {d2t.dtype}, t2d {tuple(t2d.shape)} {t2d.dtype}, {int(t2d.sum())} selected")
 
 
-def train_figures(run: Path) -> None:
-    tr = manifest(run, "train")
-    text = (run / "logs" / "train.log").read_text(errors="replace")
+def train_figures(run: Path, step: str = "train") -> None:
+    tr = manifest(run, step)
+    text = (run / "logs" / f"{step}.log").read_text(errors="replace")
     steps = [int(s) for s in re.findall(r"global_step=(\d+)", text)]
     vals = dict(re.findall(r"(val/[\w/.]*acc[\w/.]*)=([-\d.e+]+)", text))
     n_train = int(manifest(run, "extract")["counts"]["samples"] * 0.9)
     secs = tr["seconds"]
-    figure(f"{run.name}.train", {
+    figure(f"{run.name}.{step}", {
         "seconds": round(secs, 1), "epochs": tr["counts"]["epochs"], "steps": (max(steps) + 1) if steps else None,
         "steps_per_s": round((max(steps) + 1) / secs, 3) if steps else None,
         "samples_per_s": round(n_train * tr["counts"]["epochs"] / secs, 2),
+        "total_seq_len": TOTAL_SEQ, "lr": LR,
         "loss_implementation": tr["counts"].get("loss_implementation"),
         "loss_implementation_why": tr["counts"].get("loss_implementation_why"),
-        "draft_attn_impl": tr["counts"].get("draft_attn_impl"), "last_val_accuracy": vals})
+        "draft_attn_impl": tr["counts"].get("draft_attn_impl"), "last_val_accuracy": vals,
+        "gpu": gpu_util([tr["finished"] - secs, tr["finished"]]) if tr.get("finished") else None})
 
 
 # -- phases ------------------------------------------------------------------------------------------------------
 def phase_code_fp8() -> None:
     run = OUT / "code-fp8"
     cfg = write_cfg(OUT / "code-fp8.json",
-                    base_cfg(run, CODE_LM, OUT / "code-conversations.jsonl", "fp8", 8, extract={"layer_ids": CODE_IDS}))
+                    base_cfg(run, CODE_LM, OUT / "code-conversations.jsonl", "fp8", 8, extract={"layer_ids": CODE_IDS},
+                             drafts=DRAFTS, dflash={"block_size": DFLASH_BLOCK, "num_layers": DFLASH_LAYERS,
+                                                    "max_anchors": min(512, TOTAL_SEQ), "non_causal": False}))
     started = time.monotonic()
     proc = pipeline([cfg, "run"], "code-fp8")
     ok = record("code-fp8: pipeline prepare -> extract (fp8, server-side) -> vocab -> train -> export",
@@ -289,6 +311,11 @@ def phase_code_fp8() -> None:
     record("code-fp8: train ran `speculators train` on the device", tr.get("trainer") == "speculators train"
            and tr.get("epochs") == EPOCHS, f"{tr.get('epochs')} epochs, attention {tr.get('draft_attn_impl')}")
     train_figures(run)
+    for algo in DRAFTS:
+        if algo != "eagle3":
+            figure(f"code-fp8.train-{algo}_seconds", round(manifest(run, f"train-{algo}")["seconds"], 1))
+            train_figures(run, f"train-{algo}")
+            figure(f"code-fp8.export-{algo}", manifest(run, f"export-{algo}")["counts"])
     check_export(run, CODE_IDS)
     hf_compare(CODE_LM, run, CODE_IDS, "fp8")
 
@@ -307,14 +334,19 @@ def run_batch(srv, cfg, prompts, conc) -> dict:
     return {"done": done, "wall": wall}
 
 
-def sweep(ev_cfg: dict, variant: str, draft, prompts: list, prefill: list | None = None) -> dict:
-    """One server for VARIANT, measured at every concurrency (and plain prefill on the baseline)."""
+def sweep(ev_cfg: dict, variant: str, draft, prompts: list, prefill: list | None = None, method: str = "eagle3",
+          tokens: int | None = None, spec: dict | None = None) -> dict:
+    """One server for VARIANT, measured at every concurrency (and plain prefill on the baseline): DRAFT served with
+    METHOD and TOKENS draft tokens, or SPEC as the whole speculative config (n-gram: no draft model)."""
     port = free_port()
     ev_cfg = {**ev_cfg, "port": port}
     log_path = OUT / "logs" / f"serve-{variant}.log"
     env = {"HF_HUB_OFFLINE": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn", **ev_cfg["server_env"]}
     res: dict = {}
-    with VllmServer(evaluate_measure.server_argv(ev_cfg, draft), host="127.0.0.1", port=port, env=env, log_path=log_path,
+    argv = evaluate_measure.server_argv(ev_cfg, draft, method=method, tokens=tokens)
+    if spec:
+        argv += ["--speculative-config", json.dumps(spec)]
+    with VllmServer(argv, host="127.0.0.1", port=port, env=env, log_path=log_path,
                     ready_timeout_s=900, name=f"vLLM server ({variant})") as srv:
         res["server_startup_s"] = srv.startup_s
         for p in prompts[:2]:
@@ -327,7 +359,7 @@ def sweep(ev_cfg: dict, variant: str, draft, prompts: list, prefill: list | None
             tokens = sum(d["tokens"] for d in batch["done"])
             row = {"requests": len(subset), "output_tokens": tokens, "seconds": round(batch["wall"], 3),
                    "output_tokens_per_s": round(tokens / batch["wall"], 1)}
-            if draft:
+            if draft or spec:
                 row["spec_decode_counters"] = after["present"]
                 if after["present"]:
                     row.update(metrics.summarise(metrics.delta(after, before)))
@@ -349,8 +381,9 @@ def sweep(ev_cfg: dict, variant: str, draft, prompts: list, prefill: list | None
 
 
 def eval_server_args(max_len: int) -> list:
-    args = ["--max-model-len", str(max_len), "--no-enable-prefix-caching", "--enforce-eager",
-            "--max-num-batched-tokens", "8192"]
+    args = ["--max-model-len", str(max_len), "--no-enable-prefix-caching", "--max-num-batched-tokens", "8192"]
+    if EAGER:
+        args.append("--enforce-eager")
     if DEVICE == "cuda":
         return args + ["--dtype", "bfloat16", "--gpu-memory-utilization", "0.5"]
     return args + ["--dtype", "float32"]
@@ -362,7 +395,14 @@ def phase_eval_code() -> None:
         record("eval-code: the export exists", False, "code-fp8 did not export a draft")
         return
     held = [json.loads(x) for x in (CODE_LM / "heldout_prompts.jsonl").read_text().splitlines() if x.strip()]
-    prompts = [{"messages": [{"role": "user", "content": r["prompt"]}], "source": r["id"]} for r in held[:N_PROMPTS]]
+    from transformers import AutoTokenizer  # noqa: PLC0415
+
+    from specdec_pipeline import chatmode  # noqa: PLC0415
+
+    tok = AutoTokenizer.from_pretrained(str(CODE_LM))
+    # rendered as the evaluate stage renders a prompt given as messages (prompt_sets: token ids, instant mode)
+    prompts = [{"prompt": chatmode.prompt_ids(tok, [{"role": "user", "content": r["prompt"]}], "instant"),
+                "source": r["id"]} for r in held[:N_PROMPTS]]
     samples = [json.loads(x) for x in (run / "prepare" / "samples.jsonl").read_text().splitlines() if x.strip()]
     prefill = [{"prompt": s["input_ids"], "source": f"sample:{s['id']}"} for s in samples]
     ev_cfg = {**evaluate.DEFAULTS, "run_dir": str(run), "target": str(CODE_LM), "python": sys.executable,
@@ -370,15 +410,37 @@ def phase_eval_code() -> None:
               "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True, "num_speculative_tokens": 3}
     control = evaluate_measure.build_control_draft(run / "export", OUT / "code-control-draft", 0)
     results = {}
-    for variant, draft, pre in (("baseline", None, prefill), ("trained", run / "export", None), ("control", control, None)):
+    # (name, draft, plain prefill, method, draft tokens, whole speculative config): the baseline and EAGLE-3 first,
+    # then the free n-gram speculation, the other algorithms, the controls last (they prove learning, not speed)
+    variants = [("baseline", None, prefill, "eagle3", None, None), ("trained", run / "export", None, "eagle3", None, None)]
+    if NGRAM:
+        variants.append(("ngram", None, None, "ngram", None,
+                         {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}))
+    others = [a for a in DRAFTS if a != "eagle3" and (run / f"export-{a}" / "model.safetensors").exists()]
+    for algo in others:
+        toks = DFLASH_BLOCK if algo == "dspark" else DFLASH_BLOCK - 1
+        variants.append((algo, run / f"export-{algo}", None, algo, toks, None))
+    variants.append(("control", control, None, "eagle3", None, None))
+    for algo in others:
+        toks = DFLASH_BLOCK if algo == "dspark" else DFLASH_BLOCK - 1
+        ctl = evaluate_measure.build_control_draft(run / f"export-{algo}", OUT / f"code-control-{algo}", 0)
+        variants.append((f"{algo}-control", ctl, None, algo, toks, None))
+    for variant, draft, pre, method, toks, spec in variants:
         if DEADLINE and elapsed() > DEADLINE:
             record(f"eval-code: {variant}", False, f"not measured: the deadline ({DEADLINE:g} s) passed")
             continue
         try:
-            results[variant] = sweep(ev_cfg, variant, draft, prompts, pre)
+            results[variant] = sweep(ev_cfg, variant, draft, prompts, pre, method=method, tokens=toks, spec=spec)
         except Exception as exc:  # noqa: BLE001 - one line per failed variant, the next one still runs
             record(f"eval-code: {variant} served and measured", False, f"{type(exc).__name__}: {str(exc)[:300]}")
         figure("eval-code", results)
+    for algo in others:
+        got, ctl = results.get(algo), results.get(f"{algo}-control")
+        if got and ctl:
+            c1 = f"c{CONCURRENCY[0]}"
+            record(f"eval-code: the {algo} draft's AL is above its control's",
+                   (got[c1].get("acceptance_length") or 1.0) > (ctl[c1].get("acceptance_length") or 1.0),
+                   f"{got[c1].get('acceptance_length')} vs {ctl[c1].get('acceptance_length')}")
     tr, co, base = results.get("trained"), results.get("control"), results.get("baseline")
     c1 = f"c{CONCURRENCY[0]}"
     if tr:
@@ -389,9 +451,10 @@ def phase_eval_code() -> None:
         al_t, al_c = tr[c1].get("acceptance_length") or 1.0, co[c1].get("acceptance_length") or 1.0
         record("eval-code: the trained draft's AL is above the control's", al_t > al_c,
                f"trained {al_t} vs control {al_c} (per position {tr[c1].get('per_position')} vs {co[c1].get('per_position')})")
-    if tr and base:
-        figure("eval-code.speedup", {f"c{c}": round(tr[f"c{c}"]["output_tokens_per_s"] / base[f"c{c}"]["output_tokens_per_s"], 3)
-                                     for c in CONCURRENCY})
+    if base:
+        figure("eval-code.speedup", {v: {f"c{c}": round(r[f"c{c}"]["output_tokens_per_s"] / base[f"c{c}"]["output_tokens_per_s"], 3)
+                                         for c in CONCURRENCY if f"c{c}" in r}
+                                     for v, r in results.items() if v != "baseline"})
     if base and (run / "extract" / "finished.jsonl").exists():
         win = state["figures"].get("code-fp8.extract_window")
         if win:
@@ -523,6 +586,34 @@ def phase_code_bf16() -> None:
 
 
 # -- machine ---------------------------------------------------------------------------------------------------
+def phase_train_sweep() -> None:
+    """`speculators train` on code-fp8's extraction at each (total_seq_len, num_workers) of TRAIN_SWEEP."""
+    run = OUT / "code-fp8"
+    if not (run / "extract" / "finished.jsonl").exists():
+        record("train-sweep: code-fp8's extraction exists", False, "code-fp8 did not extract")
+        return
+    rows = {}
+    for packed, workers in TRAIN_SWEEP:
+        if DEADLINE and elapsed() > DEADLINE:
+            record(f"train-sweep: {packed}:{workers}", False, f"not measured: the deadline ({DEADLINE:g} s) passed")
+            continue
+        cfg = base_cfg(run, CODE_LM, OUT / "code-conversations.jsonl", "fp8", 8, extract={"layer_ids": CODE_IDS},
+                       train={"total_seq_len": packed}, current={"num_workers": workers})
+        path = write_cfg(OUT / f"train-{packed}-{workers}.json", cfg)
+        t0 = time.time()
+        proc = pipeline([path, "run", "--until", "train"], f"train-{packed}-{workers}")
+        t1 = time.time()
+        if not record(f"train-sweep: total_seq_len {packed}, num_workers {workers} trains", proc.returncode == 0,
+                      f"{t1 - t0:.0f} s" if proc.returncode == 0 else error_line(proc.stderr)):
+            continue
+        tr = manifest(run, "train")
+        n_train = int(manifest(run, "extract")["counts"]["samples"] * 0.9)
+        rows[f"{packed}:{workers}"] = {"seconds": round(tr["seconds"], 1), "epochs": tr["counts"]["epochs"],
+                                       "samples_per_s": round(n_train * tr["counts"]["epochs"] / tr["seconds"], 2),
+                                       "gpu": gpu_util([t1 - tr["seconds"], t1])}
+        figure("train-sweep", rows)
+
+
 def backend_lines(run: Path) -> dict:
     """{log name: the lines of the run's server logs that name the attention backend vLLM chose (MLA on Kimi)}."""
     out = {}
@@ -634,7 +725,8 @@ def main() -> int:
                                    stdout=open(OUT / "logs" / "gpu-util.csv", "w"), stderr=subprocess.DEVNULL)
     try:
         machine()
-        for name, fn in (("code-fp8", phase_code_fp8), ("eval-code", phase_eval_code), ("fused", phase_fused),
+        for name, fn in (("code-fp8", phase_code_fp8), ("eval-code", phase_eval_code), ("train-sweep", phase_train_sweep),
+                         ("fused", phase_fused),
                          ("tiny-bf16", phase_tiny_bf16), ("code-bf16", phase_code_bf16), ("kimi-fp8", phase_kimi_fp8)):
             if name not in PHASES:
                 continue
