@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from html.parser import HTMLParser
 from urllib.error import URLError
@@ -51,12 +50,12 @@ def _file_versions(names, package):
     return found
 
 
-def pip_sources(python=None):
-    """(indexes, find_links) the host's pip settings name (`pip config list`), or ([PyPI], []) without pip."""
+def pip_sources(run_command, python=None):
+    """(indexes, find_links) the host's pip settings name (`pip config list`, run through RUN_COMMAND: the module's
+    run_command), or ([PyPI], []) without pip."""
     try:
-        out = subprocess.run([python or sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
-                             timeout=60, check=False).stdout
-    except (OSError, subprocess.SubprocessError):
+        _rc, out, _err = run_command([python or sys.executable, "-m", "pip", "config", "list"])
+    except OSError:
         out = ""
     best = {}
     rank = {"global": 0, "user": 1, "site": 2, "env": 3, ":env:": 4}

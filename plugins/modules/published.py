@@ -114,7 +114,7 @@ def main():
         ),
         supports_check_mode=True,
     )
-    indexes, links = pip_sources()
+    indexes, links = pip_sources(module.run_command)
     sources = list(dict.fromkeys(module.params["extra_sources"] + indexes + links))
     pins = [(p["variable"], p["name"], p["version"]) for p in module.params["pins"]]
     problems, notes = unpublished(pins, sources, module.params["timeout"])
