@@ -67,7 +67,9 @@ def _dirs(tmp_path, code_dir, work_dir):
         "eagle3_pipeline_code_dir": str(code_dir), "eagle3_pipeline_work_dir": str(work_dir),
         "eagle3_pipeline_venv_path": str(tmp_path / "venv"), "eagle3_pipeline_user": USER,
         "__eagle3_pipeline_become": True})
-    failed = {name: [r.get("msg") for r in res.get("results", []) if r.get("failed")] or [res.get("msg")]
+    # a failed loop item: `failed` (ansible-core 2.19), or only its message and `exception` (2.21)
+    failed = {name: [r.get("msg") for r in res.get("results", []) if r.get("failed") or "exception" in r]
+              or [res.get("msg")]
               for name, res in results.items() if res.get("failed")}
     return rc, failed
 
