@@ -42,7 +42,6 @@ ROOT_HOME_0700 = pytest.mark.skipif(not os.path.isdir("/root") or (os.stat("/roo
                                     reason="/root is not mode 0700 here, so the pipeline user may pass through it")
 
 
-
 def group_vars(inventory, name):
     return yaml.safe_load((ROOT / "inventory" / inventory / "group_vars" / "eagle3_hosts" / f"{name}.yml").read_text())
 
