@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+# The validate play's last task: every problem of a host, one line each after a header line.
+REPORT = "Report every problem found, one line each"
 
 
 def run(playbook, inventory, extra, raw=()):
@@ -42,3 +44,14 @@ def run_tasks(tmp_path, tasks, *args, play_vars=None):
     for task in json.loads(proc.stdout)["plays"][-1]["tasks"]:
         results[task["task"]["name"].split(" : ", 1)[-1]] = task["hosts"].get("localhost", {})
     return proc.returncode, results
+
+
+def report(out):
+    """The lines of the validate play's report in OUT (run's json output; the header line first), [] without one."""
+    for play in out["plays"]:
+        for task in play["tasks"]:
+            if task["task"]["name"].split(" : ", 1)[-1] == REPORT:
+                for res in task["hosts"].values():
+                    if res.get("failed"):
+                        return res["msg"].splitlines()
+    return []

@@ -129,13 +129,7 @@ def test_the_roles_rules_on_the_controller_say_the_same_line(tmp_path, over, say
 
 def _validate(inventory, extra):
     rc, out = playbook_json.run("validate.yml", inventory, extra)
-    for play in out["plays"]:
-        for task in play["tasks"]:
-            if task["task"]["name"].endswith("Report every problem found, one line each"):
-                for res in task["hosts"].values():
-                    if res.get("failed"):
-                        return rc, res["msg"].splitlines()[1:]
-    return rc, []
+    return rc, playbook_json.report(out)[1:]
 
 
 def _model(base):
@@ -147,17 +141,6 @@ def _model(base):
     for name in ("tokenizer_config.json", "tiktoken.model", "model-00001-of-00064.safetensors"):
         (model / name).write_text("")
     return model
-
-
-@pytest.fixture()
-def open_tmp():
-    import shutil  # noqa: PLC0415
-    import tempfile  # noqa: PLC0415
-
-    d = Path(tempfile.mkdtemp(prefix="specdec-drafts-", dir="/tmp"))
-    d.chmod(0o755)
-    yield d
-    shutil.rmtree(d)
 
 
 def test_the_validate_play_refuses_each_bad_draft_setting_in_one_line(open_tmp):
