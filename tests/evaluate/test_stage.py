@@ -64,7 +64,7 @@ def test_the_measured_results_and_the_report(run_dir):
     assert results["engine"]["name"] == "vLLM" and results["vllm"].startswith(results["engine"]["distribution"])
     assert "bonus token" in results["al_formula"]
     for key in ("num_speculative_tokens", "temperature", "top_p", "chat_mode", "max_tokens", "ignore_eos", "concurrency",
-                "prompt_sets"):
+                "prompt_sets", "ngram", "ngram_lookup_min", "ngram_lookup_max"):
         assert key in settings, key
     run_config = json.loads(next(run_dir.parent.glob(f"{run_dir.name}.json")).read_text())
     assert settings["chat_mode"] == run_config["chat_mode"]  # the run's one chat mode reaches the evaluate stage
@@ -73,7 +73,8 @@ def test_the_measured_results_and_the_report(run_dir):
     assert results["format"] == 3 and list(drafts) == sorted(settings["drafts"])
     assert set(settings["drafts"]) == set(run_config.get("drafts", ["eagle3"]))  # every draft the pipeline trained
     expected = ({d["variant"] for d in drafts.values()} | ({"baseline"} if settings["baseline"] else set())
-                | ({d["control"] for d in drafts.values()} if settings["control"] else set()))
+                | ({d["control"] for d in drafts.values()} if settings["control"] else set())
+                | ({"ngram"} if settings["ngram"] else set()))
     report = (run_dir / "report" / "report.md").read_text()
     assert "## Evaluation (vLLM spec decode)" in report and results["vllm"] in report and results["al_formula"] in report
     for name, ps in results["sets"].items():
@@ -108,6 +109,12 @@ def test_the_measured_results_and_the_report(run_dir):
                 assert set(ps["speedup"][draft["variant"]]) == {str(c) for c in settings["concurrency"]}
                 assert all(x > 0 for x in ps["speedup"][draft["variant"]].values())
                 assert side["speedup"] == ps["speedup"][draft["variant"]]
+            if settings["ngram"]:  # every draft against vLLM's n-gram speculation, the free alternative
+                ngram = ps["variants"]["ngram"]["acceptance_length"]
+                assert len(ps["variants"]["ngram"]["per_position"]) == settings["num_speculative_tokens"]
+                assert side["ngram_acceptance_length"] == ngram
+                assert side["al_over_ngram"] == pytest.approx(mine["acceptance_length"] / ngram, abs=1e-3)
+                assert f"The {'trained' if algo == 'eagle3' else algo} draft " in report and "n-gram speculation: AL" in report
         if settings["control"] and "eagle3" in drafts:
             control = ps["variants"]["control"]["acceptance_length"]
             assert ps["margin_over_control"] == pytest.approx(ps["variants"]["trained"]["acceptance_length"] - control,

@@ -4,8 +4,9 @@
 
 Runs in the evaluation venv (a vLLM new enough to serve the draft), not in the pipeline venv. For each
 variant - `baseline` (no draft), `trained` (the exported EAGLE-3 draft), each other draft the run trained (`dflash`,
-`dspark`: evaluate_drafts.py, served with the method its export names) and, optionally, each draft's `control` (a
-random-weight draft of the same shape) - it starts vLLM's OpenAI server on 127.0.0.1 (serve.VllmServer: a free port, a random
+`dspark`: evaluate_drafts.py, served with the method its export names), `ngram` (vLLM's prompt-lookup speculation,
+which needs no training: what a user would try first, so every draft is reported against it) and, optionally, each
+draft's `control` (a random-weight draft of the same shape) - it starts vLLM's OpenAI server on 127.0.0.1 (serve.VllmServer: a free port, a random
 API key, readiness only when the listening socket is the server's own, timeout, always stopped) and sends every
 named prompt set (prompt_sets.py: heldout, humaneval, jsonl) at every concurrency level, the same requests to each
 variant: messages rendered in the run's chat mode by the target's own template, greedy unless a temperature is
@@ -47,7 +48,7 @@ from pathlib import Path
 from specdec_pipeline import chatmode, evaluate_drafts, evaluate_upgrade, prompt_sets, remote_code, report_evaluate
 from specdec_pipeline.config import read_config_file
 from specdec_pipeline.errors import PipelineError
-from specdec_pipeline.evaluate_measure import build_control_draft, measure, requests_per_variant
+from specdec_pipeline.evaluate_measure import NGRAM, build_control_draft, measure, requests_per_variant
 from specdec_pipeline.evaluate_record import (
     SWITCH,
     fingerprint,
@@ -90,6 +91,9 @@ DEFAULTS = {
     "request_timeout_s": 600,
     "baseline": True,
     "control": False,            # also measure a random-weight draft of the same shape (CPU profiles)
+    "ngram": True,               # also measure vLLM's n-gram (prompt-lookup) speculation: the free alternative
+    "ngram_lookup_min": 2,       # its shortest and longest n-gram matched against the prompt and the output so far
+    "ngram_lookup_max": 4,
     "seed": 0,
     "min_acceptance_length": None,    # gate: fail when a set's AL of the trained draft is below this (None: off)
     "require_beats_control": False,   # gate: fail unless the trained draft's AL beats the control's on every set
@@ -98,7 +102,8 @@ DEFAULTS = {
     "upgrade_tolerance": 0.05,        # gate: the largest drop of a position's acceptance after a vLLM change (None: off)
 }
 WHOLE = {"num_speculative_tokens": 1, "max_tokens": 1, "port": 0, "warmup_requests": 0, "max_prompts": 0,
-         "speedup_concurrency": 1, "ready_timeout_s": 1, "request_timeout_s": 1}
+         "speedup_concurrency": 1, "ready_timeout_s": 1, "request_timeout_s": 1, "ngram_lookup_min": 1,
+         "ngram_lookup_max": 1}
 VARS = {"concurrency": "eagle3_evaluate_concurrency", "prompt_sets": "eagle3_evaluate_prompt_sets",
         "min_speedup": "eagle3_evaluate_min_speedup", "upgrade_tolerance": "eagle3_evaluate_upgrade_tolerance",
         "top_p": "eagle3_evaluate_top_p", "temperature": "eagle3_evaluate_temperature"}
@@ -154,8 +159,12 @@ def load_config(path):
                             "reachable from other machines).")
     if not isinstance(cfg["server_args"], list):
         raise bad("server_args", "a list of strings")
-    if not isinstance(cfg["trust_remote_code"], bool):
-        raise bad("trust_remote_code", "true or false")
+    for key in ("trust_remote_code", "ngram"):
+        if not isinstance(cfg[key], bool):
+            raise bad(key, "true or false")
+    if cfg["ngram_lookup_min"] > cfg["ngram_lookup_max"]:
+        raise bad("ngram_lookup_min", f"at most ngram_lookup_max ({cfg['ngram_lookup_max']}): the shortest n-gram "
+                                      "looked up cannot be longer than the longest")
     problem = evaluate_drafts.config_problem(cfg)
     if problem:
         raise PipelineError(f"{path}: {problem}")
@@ -272,7 +281,8 @@ def run(cfg):
               + f"; concurrency {cfg['concurrency']}", file=sys.stderr, flush=True)
         started = time.time()
         out_path(cfg).mkdir(parents=True, exist_ok=True)
-        n_variants = len(specs) * (1 + bool(cfg["control"])) + bool(cfg["baseline"])  # each draft, its control
+        # each draft and its control, the target alone, n-gram speculation
+        n_variants = len(specs) * (1 + bool(cfg["control"])) + bool(cfg["baseline"]) + bool(cfg["ngram"])
         prog = Progress(out_path(cfg, "progress.json"), "evaluate", n_variants * requests_per_variant(cfg, psets),
                         unit="requests", interval=2.0)
         variants = {}
@@ -281,6 +291,8 @@ def run(cfg):
                                                 spec["method"], spec["num_speculative_tokens"])
         if cfg["baseline"]:
             variants["baseline"] = measure(cfg, "baseline", None, psets, prog)
+        if cfg["ngram"]:  # prompt lookup: no draft model, the same draft tokens per step as EAGLE-3's
+            variants[NGRAM] = measure(cfg, NGRAM, None, psets, prog, NGRAM, cfg["num_speculative_tokens"])
         for spec in specs if cfg["control"] else []:
             control_dir = build_control_draft(spec["export_dir"], out_path(cfg, spec["control"] + "-draft"), cfg["seed"])
             variants[spec["control"]] = measure(cfg, spec["control"], control_dir, psets, prog, spec["method"],

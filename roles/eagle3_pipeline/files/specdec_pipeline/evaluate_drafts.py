@@ -116,9 +116,11 @@ def of_results(res):
                        "num_speculative_tokens": (res.get("settings") or {}).get("num_speculative_tokens")}}
 
 
-def set_entry(spec, per, speedups):
+def set_entry(spec, per, speedups, ngram=None):
     """The draft SPEC's figures on one prompt set, side by side with the others': from PER (the set's variants)
-    and SPEEDUPS (the set's speed-ups per variant); None when the draft was not measured there."""
+    and SPEEDUPS (the set's speed-ups per variant), and against NGRAM (the n-gram variant's figures there, when
+    measured: the draft's AL and speed-up over it, above 1.0 when the draft beats it); None when the draft was not
+    measured there."""
     mine, control = per.get(spec["variant"]), per.get(spec["control"])
     if not mine:
         return None
@@ -134,6 +136,12 @@ def set_entry(spec, per, speedups):
            "speedup": speedups.get(spec["variant"]) or {},
            "control_acceptance_length": control.get("acceptance_length") if control else None,
            "margin_over_control": round(al - (control.get("acceptance_length") or 1.0), 4) if control else None}
+    if ngram:
+        theirs = speedups.get("ngram") or {}
+        out.update(ngram_acceptance_length=ngram.get("acceptance_length"),
+                   al_over_ngram=round(al / (ngram.get("acceptance_length") or 1.0), 3),
+                   speedup_over_ngram={level: round(x / theirs[level], 3) for level, x in out["speedup"].items()
+                                       if x and theirs.get(level)})
     return out
 
 

@@ -30,16 +30,31 @@ from specdec_pipeline.serve import (
 )
 
 
+NGRAM = "ngram"  # vLLM's prompt-lookup speculation: a variant without a draft model
+
+
+def speculative_config(cfg, draft_dir, method="eagle3", tokens=None):
+    """vLLM's --speculative-config of a variant, None for the target alone: the draft in DRAFT_DIR served with METHOD
+    (the draft's algorithm, evaluate_drafts.specs), or n-gram lookup (METHOD ngram, no draft; CFG's lookup sizes),
+    with TOKENS draft tokens per step (CFG's num_speculative_tokens by default)."""
+    tokens = tokens or cfg["num_speculative_tokens"]
+    if method == NGRAM:
+        return {"method": NGRAM, "num_speculative_tokens": tokens, "prompt_lookup_min": cfg["ngram_lookup_min"],
+                "prompt_lookup_max": cfg["ngram_lookup_max"]}
+    if draft_dir:
+        return {"method": method, "model": str(draft_dir), "num_speculative_tokens": tokens}
+    return None
+
+
 def server_argv(cfg, draft_dir, port=None, method="eagle3", tokens=None):
     """The evaluation server's command line: CFG's python and target, the seed, --trust-remote-code with the stage's
-    switch on, the user's server_args and, for a draft, the speculative config: METHOD (the draft's algorithm,
-    evaluate_drafts.specs) with TOKENS draft tokens per step (CFG's num_speculative_tokens by default)."""
+    switch on, the user's server_args and, when it speculates, the speculative config (speculative_config)."""
     trust = [TRUST_ARG] if cfg["trust_remote_code"] and not owned_arg(cfg["server_args"], (TRUST_ARG,)) else []
     argv = [*vllm_argv(cfg["python"], cfg["target"], port or cfg["port"]), "--seed", str(cfg["seed"]), *trust,
             *map(str, cfg["server_args"])]
-    if draft_dir:
-        argv += ["--speculative-config", json.dumps({"method": method, "model": str(draft_dir),
-                                                     "num_speculative_tokens": tokens or cfg["num_speculative_tokens"]})]
+    spec = speculative_config(cfg, draft_dir, method, tokens)
+    if spec:
+        argv += ["--speculative-config", json.dumps(spec)]
     return argv
 
 
@@ -130,7 +145,7 @@ def _figures(done, wall):
 
 def measure(cfg, variant, draft_dir, psets, prog=None, method="eagle3", tokens=None):
     """One server for VARIANT (DRAFT_DIR: the draft, served with METHOD and TOKENS as server_argv takes them; None
-    for the baseline); every prompt set of PSETS at every concurrency level; PROG (progress.Progress), when given,
+    for the baseline and for n-gram speculation, METHOD ngram); every prompt set of PSETS at every concurrency level; PROG (progress.Progress), when given,
     counts each answered request. Returns {"variant",
     "draft", "server_startup_s", "sets": {name: figures}} where a set's figures hold one entry per concurrency level
     (tokens/s, and with a draft its own AL) and, with a draft, the AL and per-position acceptance over all its
@@ -143,6 +158,7 @@ def measure(cfg, variant, draft_dir, psets, prog=None, method="eagle3", tokens=N
     name = f"vLLM server ({variant})"
     sets = {}
     tick = _Ticker(prog, variant)
+    speculates = speculative_config(cfg, draft_dir, method, tokens) is not None
     tick.say("starting vLLM")
     with VllmServer(server_argv(cfg, draft_dir, port, method, tokens), host=cfg["host"], port=port, env=env,
                     log_path=log_path, ready_timeout_s=cfg["ready_timeout_s"], ready_path="/health", name=name) as srv:
@@ -168,11 +184,11 @@ def measure(cfg, variant, draft_dir, psets, prog=None, method="eagle3", tokens=N
                 counted += metrics.check_finished(finished, counted, len(prompts), who)
                 after_text = scrape()
                 fig = _figures(done, wall)
-                if draft_dir:
+                if speculates:
                     after = metrics.spec_decode(after_text)
                     if not after["present"]:
                         raise PipelineError(f"evaluate: the {variant} server exported no spec-decode counters on "
-                                            f"/metrics; the draft was not used (see {log_path}).")
+                                            f"/metrics; it did not speculate (see {log_path}).")
                     counts = metrics.delta(after, before)
                     fig.update(metrics.summarise(counts))
                     total = counts if total is None else metrics.add(total, counts)
@@ -186,7 +202,7 @@ def measure(cfg, variant, draft_dir, psets, prog=None, method="eagle3", tokens=N
             print(f"evaluate: {variant} on {pset['name']}: "
                   + ", ".join(f"{levels[str(c)]['output_tokens_per_s']} output tokens/s at concurrency {c}"
                               for c in cfg["concurrency"])
-                  + (f"; AL {entry['acceptance_length']}" if draft_dir else ""), file=sys.stderr, flush=True)
+                  + (f"; AL {entry['acceptance_length']}" if speculates else ""), file=sys.stderr, flush=True)
         srv.check_ours()  # still our server: the counters read above are its own
         startup = srv.startup_s
     return {"variant": variant, "draft": str(draft_dir) if draft_dir else None, "server_startup_s": startup,

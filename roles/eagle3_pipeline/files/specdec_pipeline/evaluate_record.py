@@ -5,7 +5,7 @@ results.json states every setting that moves AL next to the figures: the engine 
 temperature and top-p, the chat mode, the output cap and whether EOS was ignored, each prompt set with its digests,
 the concurrency levels and the AL formula. Format 3 measures every draft the run trained side by side (`drafts`,
 and per prompt set each draft's AL, per-position acceptance, speed-up per concurrency, draft tokens and block size,
-its control); EAGLE-3's variants keep their format-2 names (trained, control), and a format-2 file reads as a run
+its control, and how it compares with vLLM's n-gram speculation, the `ngram` variant); EAGLE-3's variants keep their format-2 names (trained, control), and a format-2 file reads as a run
 of that one draft (evaluate_drafts.of_results): the gates, the summary and the report read both.
 """
 
@@ -14,12 +14,14 @@ from pathlib import Path
 
 from specdec_pipeline import evaluate_drafts, evaluate_upgrade, remote_code, versions
 from specdec_pipeline.errors import PipelineError
+from specdec_pipeline.evaluate_measure import NGRAM
 from specdec_pipeline.fsutil import read_json, sha256_file, sha256_json, write_json
 
 # Settings whose change re-measures (the gates are checked on every run and are not part of the hash).
 MEASURE_KEYS = ("target", "trust_remote_code", "server_args", "num_speculative_tokens", "prompt_sets", "prompts_jsonl",
                 "max_prompts", "max_tokens", "ignore_eos", "temperature", "top_p", "chat_mode", "concurrency",
-                "warmup_requests", "baseline", "control", "seed", "drafts", "draft_tokens")
+                "warmup_requests", "baseline", "control", "seed", "drafts", "draft_tokens", "ngram", "ngram_lookup_min",
+                "ngram_lookup_max")
 AL_FORMULA = "AL = 1 + accepted draft tokens / drafts (the bonus token counted; 1.0 = no draft token accepted)"
 FORMAT = 3  # 3: the drafts side by side; 2 (EAGLE-3 only) is read as one draft
 SWITCH = "eagle3_evaluate_trust_remote_code"  # the stage's own trust_remote_code switch (never the pipeline's)
@@ -183,7 +185,7 @@ def results(cfg, variants, psets, fp, started, specs=None):
                for v, r in variants.items()}
         margin = (round(_al(per["trained"]) - _al(per["control"]), 4) if "trained" in per and "control" in per else None)
         speedups = _speedups(variants, name, cfg["concurrency"])
-        entries = {s["name"]: evaluate_drafts.set_entry(s, per, speedups) for s in specs}
+        entries = {s["name"]: evaluate_drafts.set_entry(s, per, speedups, per.get(NGRAM)) for s in specs}
         sets[name] = {"count": p["count"], "digest": p["digest"], "rendered_digest": p["rendered_digest"],
                       "file": p["file"], "too_long": len(p.get("too_long", [])), "variants": per,
                       "speedup": speedups, "margin_over_control": margin, "drafts": entries,
@@ -218,7 +220,7 @@ def summary(res, changed, report_path, failure):
         sets[name] = {"trained_al": trained.get("acceptance_length"), "per_position": trained.get("per_position"),
                       "control_al": control.get("acceptance_length") if control else None,
                       "margin_over_control": s.get("margin_over_control"), "speedup": speed, "count": s["count"],
-                      "drafts": {}}
+                      "ngram_al": (v.get(NGRAM) or {}).get("acceptance_length"), "drafts": {}}
         for draft, spec in drafts.items():
             mine, ctl = v.get(spec["variant"]), v.get(spec["control"])
             if not mine:
@@ -236,6 +238,7 @@ def summary(res, changed, report_path, failure):
                     f"{', '.join(str(x) for x in mine.get('per_position') or []) or '-'}")
             if ctl:
                 line += f"; control {ctl.get('acceptance_length')} (margin {margin:+.4f})"
+            line += _against_ngram(s, spec["variant"])
             line += ("; speed-up " + ", ".join(f"{x}x at concurrency {c}" for c, x in fast.items())
                      if fast else "; no baseline measured")
             lines.append(line)
@@ -246,6 +249,24 @@ def summary(res, changed, report_path, failure):
     lines.append(f"report: {report_path}")
     return {"changed": changed, "skipped": not changed, "report": str(report_path), "sets": sets,
             "vllm": res["vllm"], "gate": res.get("gate", ""), "gate_failed": bool(failure), "lines": lines}
+
+
+def _against_ngram(s, variant):
+    """"; n-gram AL a (the draft's AL b = r x it), speed-up ..." of one draft on one prompt set S, '' without the
+    n-gram variant."""
+    ngram, mine = s["variants"].get(NGRAM), s["variants"].get(variant)
+    if not ngram or not mine:
+        return ""
+    over = over_ngram(mine, ngram)
+    fast = (s.get("speedup") or {}).get(NGRAM) or {}
+    return (f"; n-gram speculation AL {ngram.get('acceptance_length')} (the draft's AL is {over}x it)"
+            + ("; n-gram speed-up " + ", ".join(f"{x}x at concurrency {c}" for c, x in fast.items()) if fast else ""))
+
+
+def over_ngram(mine, ngram):
+    """The draft's AL (MINE) over the n-gram variant's (NGRAM): above 1.0 the trained draft beats the free
+    alternative."""
+    return round(_al(mine) / _al(ngram), 3)
 
 
 def draft_tokens_text(res):

@@ -28,6 +28,7 @@ def report_lines(run_dir):
              f"| chat mode | {s['chat_mode'] or 'the template default'} |",
              f"| output | at most {s['max_tokens']} tokens, {'EOS ignored' if s['ignore_eos'] else 'stops at EOS'} |",
              f"| concurrency | {', '.join(map(str, s['concurrency']))} |",
+             f"| n-gram speculation | {_ngram_text(s)} |",
              f"| AL formula | {res['al_formula']} |", ""]
     for name, ps in res["sets"].items():
         left_out = f"; {ps['too_long']} left out: longer than the context" if ps.get("too_long") else ""
@@ -37,7 +38,7 @@ def report_lines(run_dir):
                   "| variant | AL | acceptance rate | per-position acceptance | "
                   + " | ".join(f"tokens/s @{c}" for c in s["concurrency"]) + " |",
                   "|---|---|---|---|" + "---|" * len(s["concurrency"])]
-        order = ["baseline"] + [d[k] for d in drafts.values() for k in ("variant", "control")]
+        order = ["baseline", "ngram"] + [d[k] for d in drafts.values() for k in ("variant", "control")]
         for variant in order:
             r = ps["variants"].get(variant)
             if not r:
@@ -47,10 +48,12 @@ def report_lines(run_dir):
                          f"{', '.join(str(x) for x in r.get('per_position', [])) or '-'} | {rates} |")
         lines.append("")
         for variant, by_c in (ps.get("speedup") or {}).items():
-            lines.append(f"Speed-up of the {variant} draft over the target alone: "
+            what = "n-gram speculation" if variant == "ngram" else f"the {variant} draft"
+            lines.append(f"Speed-up of {what} over the target alone: "
                          + ", ".join(f"{_x(x)} at concurrency {c}" for c, x in by_c.items()) + ".")
         if ps.get("margin_over_control") is not None:
             lines.append(f"Trained draft over the random-weight control: AL margin {ps['margin_over_control']:+.3f}.")
+        lines += _against_ngram(ps, drafts)
         lines.append("")
         if len(drafts) > 1 and ps.get("drafts"):
             lines += _side_by_side(ps, drafts, s["concurrency"])
@@ -59,6 +62,22 @@ def report_lines(run_dir):
     if res.get("plot"):
         lines += ["", f"![acceptance per draft position]({res['plot']})"]
     return lines + [""]
+
+
+def _against_ngram(ps, drafts):
+    """One line per draft: its AL and speed-up against vLLM's n-gram speculation (the free alternative)."""
+    out = []
+    for name in drafts:
+        e = (ps.get("drafts") or {}).get(name) or {}
+        if e.get("al_over_ngram") is None:
+            continue
+        fast = e.get("speedup_over_ngram") or {}
+        verdict = "beats" if e["al_over_ngram"] > 1 else "does not beat"
+        out.append(f"The {evaluate_drafts.label(name)} {verdict} n-gram speculation: AL {_dash(e.get('acceptance_length'))} "
+                   f"against {_dash(e.get('ngram_acceptance_length'))} ({e['al_over_ngram']:.2f}x)"
+                   + ("; speed-up " + ", ".join(f"{x:.2f}x n-gram's at concurrency {c}" for c, x in fast.items())
+                      if fast else "") + ".")
+    return out
 
 
 def _draft_tokens(res, drafts):
@@ -88,6 +107,13 @@ def _side_by_side(ps, drafts, levels):
     said = [f"highest AL: {top['acceptance_length']}"] if top.get("acceptance_length") else []
     said += [f"fastest at concurrency {c}: {n}" for c, n in (top.get("speedup") or {}).items()]
     return lines + ["", "Best draft - " + "; ".join(said) + ".", ""] if said else lines + [""]
+
+
+def _ngram_text(s):
+    if not s.get("ngram"):
+        return "not measured"
+    return (f"prompt lookup of {s['ngram_lookup_min']} to {s['ngram_lookup_max']} tokens, "
+            f"{s['num_speculative_tokens']} draft tokens")
 
 
 def _x(value):
