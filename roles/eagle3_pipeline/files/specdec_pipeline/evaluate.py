@@ -21,7 +21,8 @@ temperature and top-p, chat mode, prompt sets with their digests, the AL formula
 (settings, export and prompt digests, vLLM version) makes a re-run with nothing changed skip the measurement.
 When only the vLLM changed since the last measurement, the same prompts and settings are measured again and the
 per-position acceptance is compared with the last recorded run (evaluate_upgrade.py: history per vLLM version).
-The gates (min AL per prompt set, "the trained draft beats the control", a speed-up at a named concurrency, no
+The gates (min AL per prompt set, "the trained draft beats the control", a speed-up at a named concurrency, the
+served acceptance near what training validated (evaluate_consistency.py), no
 acceptance drop after a vLLM change) are checked on every run, also when the measurement was skipped. Exit
 status: 0 ok, 2 bad input or a failed server, 4 gate failed (one line on stderr naming the figure, the gate and
 the report).
@@ -100,6 +101,7 @@ DEFAULTS = {
     "min_speedup": None,              # gate: fail when the speed-up at speedup_concurrency is below this (None: off)
     "speedup_concurrency": 1,
     "upgrade_tolerance": 0.05,        # gate: the largest drop of a position's acceptance after a vLLM change (None: off)
+    "consistency_min_ratio": 0.5,     # gate: served AL gain at least this share of the validated one (None: off)
 }
 WHOLE = {"num_speculative_tokens": 1, "max_tokens": 1, "port": 0, "warmup_requests": 0, "max_prompts": 0,
          "speedup_concurrency": 1, "ready_timeout_s": 1, "request_timeout_s": 1, "ngram_lookup_min": 1,
@@ -199,6 +201,10 @@ def load_config(path):
     if cfg["upgrade_tolerance"] is not None and (not _number(cfg["upgrade_tolerance"])
                                                  or not 0 <= cfg["upgrade_tolerance"] <= 1):
         raise bad("upgrade_tolerance", "null (off) or a number between 0 and 1 (a drop of a position's acceptance rate)")
+    if cfg["consistency_min_ratio"] is not None and (not _number(cfg["consistency_min_ratio"])
+                                                     or not 0 < cfg["consistency_min_ratio"] <= 1):
+        raise bad("consistency_min_ratio", "null (off) or a number in (0, 1] (the share of the validated AL gain the "
+                                           "served draft must reach)")
     if cfg["require_beats_control"] and not cfg["control"]:
         raise PipelineError(f"{path}: require_beats_control is true but control is false; enable the control "
                             "draft or drop that gate.")

@@ -12,7 +12,7 @@ of that one draft (evaluate_drafts.of_results): the gates, the summary and the r
 import time
 from pathlib import Path
 
-from specdec_pipeline import evaluate_drafts, evaluate_upgrade, remote_code, versions
+from specdec_pipeline import evaluate_consistency, evaluate_drafts, evaluate_upgrade, remote_code, versions
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.evaluate_measure import NGRAM
 from specdec_pipeline.fsutil import read_json, sha256_file, sha256_json, write_json
@@ -109,6 +109,9 @@ def gate(cfg, res, report_path):
             said = _gate_draft(cfg, name, s, draft, spec, report_path)
             if said:
                 return said
+    said = evaluate_consistency.check(cfg, res, report_path)
+    if said:
+        return said
     return evaluate_upgrade.failure(res.get("upgrade"), cfg["upgrade_tolerance"], report_path)
 
 
@@ -148,6 +151,8 @@ def gate_text(cfg):
                      else "each draft's AL > its control's AL")
     if cfg["min_speedup"] is not None:
         parts.append(f"speed-up >= {float(cfg['min_speedup']):g}x at concurrency {cfg['speedup_concurrency']}")
+    if cfg.get("consistency_min_ratio") is not None:
+        parts.append(f"served AL gain >= {cfg['consistency_min_ratio']:g} of the validated one")
     if cfg["upgrade_tolerance"] is not None:
         parts.append(f"no position's acceptance down by more than {cfg['upgrade_tolerance']:g} after a vLLM change")
     return ("passed (" + ", ".join(parts) + ")") if parts else "off"

@@ -7,7 +7,7 @@ plot is a PNG through matplotlib when the venv has it, else an SVG of our own.
 
 from pathlib import Path
 
-from specdec_pipeline import evaluate_drafts, evaluate_upgrade, plots
+from specdec_pipeline import evaluate_consistency, evaluate_drafts, evaluate_upgrade, plots
 from specdec_pipeline.fsutil import atomic_path, read_json
 
 BEGIN, END = "<!-- evaluate -->", "<!-- /evaluate -->"
@@ -58,6 +58,8 @@ def report_lines(run_dir):
         if len(drafts) > 1 and ps.get("drafts"):
             lines += _side_by_side(ps, drafts, s["concurrency"])
     lines += evaluate_upgrade.report_lines(run_dir, res)
+    served = evaluate_consistency.lines(run_dir, res)
+    lines += [*served, ""] if served else []
     lines.append(f"Gate: {res['gate']}.")
     if res.get("plot"):
         lines += ["", f"![acceptance per draft position]({res['plot']})"]
