@@ -11,6 +11,8 @@
 # with pip --target, the code LM assembled, HEAD's snapshot unpacked) and the proof runs from the snapshot, so
 # what runs is a commit. CURRENT_PROOF_STAGE_ONLY=1 stops after staging/installing; CURRENT_PROOF_BACKGROUND=S
 # starts the proof in its own session and waits at most S seconds; run-current.sh --wait S [OUT_DIR] waits again.
+# CURRENT_PROOF_TREE=DIR runs the proof from DIR (e.g. `.`, the checkout the command runs in, with commits made after
+# the bundles were packed; CURRENT_PROOF_COMMIT then names it) instead of the bundles' snapshot.
 # The machine needs python3 3.12 with a CUDA build of torch 2.11.0, transformers 5.x, safetensors, numpy.
 set -euo pipefail
 stage=${CURRENT_STAGE:-/tmp/specdec-gpu}
@@ -61,13 +63,21 @@ fi
 
 export PYTHONPATH="$stage/vsite:$stage/dsite${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 if [ -d "$stage/kimi" ]; then export KIMI_TARGET=${KIMI_TARGET:-$stage/kimi}; fi
-export CODE_LM=${CODE_LM:-$stage/model} CURRENT_PROOF_OUT=$(realpath -m "$out") CURRENT_PROOF_COMMIT=$(cat "$stage/in/COMMIT")
+tree=$stage/tree
+if [ -n "${CURRENT_PROOF_TREE:-}" ]; then  # a copy: later calls may change the checkout under a running proof
+  rm -rf "$stage/live" && mkdir -p "$stage/live"
+  tar -C "$CURRENT_PROOF_TREE" --exclude=./.cache --exclude=./.git --exclude=./.venv --exclude=./collections -cf - . \
+    | tar -C "$stage/live" -xf -
+  tree=$stage/live
+fi
+[ -n "${CURRENT_PROOF_TREE:-}" ] || CURRENT_PROOF_COMMIT=$(cat "$stage/in/COMMIT")
+export CODE_LM=${CODE_LM:-$stage/model} CURRENT_PROOF_OUT=$(realpath -m "$out") CURRENT_PROOF_COMMIT=${CURRENT_PROOF_COMMIT:-unknown}
 if [ -n "${CURRENT_PROOF_BACKGROUND:-}" ]; then
   rm -f "$stage/proof.rc"
-  setsid bash -c "python3 '$stage/tree/tests/gpu/current_proof.py' > '$stage/proof.log' 2>&1; echo \$? > '$stage/proof.rc'" \
+  setsid bash -c "python3 '$tree/tests/gpu/current_proof.py' > '$stage/proof.log' 2>&1; echo \$? > '$stage/proof.rc'" \
     < /dev/null > /dev/null 2>&1 &
   echo $! > "$stage/proof.pid"
   report "$CURRENT_PROOF_BACKGROUND"
   exit 0
 fi
-exec python3 "$stage/tree/tests/gpu/current_proof.py"
+exec python3 "$tree/tests/gpu/current_proof.py"
