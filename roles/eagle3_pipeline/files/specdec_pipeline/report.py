@@ -9,6 +9,12 @@ from specdec_pipeline.fsutil import atomic_path, dir_size, read_json
 from specdec_pipeline.manifest import read as read_manifest
 
 
+def _epoch(export_manifest):
+    """', epoch N: why' of an export manifest that records the epoch it took and why (current track), else ''."""
+    c = export_manifest["counts"]
+    return f", epoch {c['epoch']}: {c['chosen_by']}" if c.get("chosen_by") else ""
+
+
 def _plots(cfg, out):
     made = {}
     lengths = read_json(run_path(cfg, "prepare", "lengths.json"), [])
@@ -58,14 +64,14 @@ def write(cfg, stopped=""):
         lines.append("Loss per epoch: " + ", ".join(f"{e}: {sum(v) / len(v):.4f}" for e, v in sorted(per_epoch.items())))
     if mans.get("export"):
         lines.append(f"Exported draft: `{run_path(cfg, 'export')}` (eagle_aux_hidden_state_layer_ids "
-                     f"{mans['export']['counts']['eagle_aux_hidden_state_layer_ids']}).")
+                     f"{mans['export']['counts']['eagle_aux_hidden_state_layer_ids']}){_epoch(mans['export'])}.")
     for algo in algorithms.others(cfg):
         man = mans.get(algorithms.step_name("export", algo))
         if man:
             c = man["counts"]
             lines.append(f"Exported {algo} draft: `{run_path(cfg, algorithms.step_name('export', algo))}` "
                          f"(aux_hidden_state_layer_ids {c.get('aux_hidden_state_layer_ids')}, block size "
-                         f"{c.get('block_size')}, {c.get('speculative_tokens')} draft tokens per step).")
+                         f"{c.get('block_size')}, {c.get('speculative_tokens')} draft tokens per step){_epoch(man)}.")
     lines.append("")
     lines += [f"![{title}]({name})" for name, title in made.items()]
     lines += report_evaluate.block(cfg["run_dir"])

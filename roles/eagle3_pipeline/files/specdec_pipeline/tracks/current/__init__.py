@@ -5,7 +5,8 @@ regenerate, prepare and vocab are the shared steps. This package's own:
   (bf16, or FP8 with one scale per token), moved into extract/hidden_states/hs_<i>.safetensors beside the prepared
   samples as a datasets folder (extract/dataset) - the layout `speculators train` reads;
 - train: `speculators train` (its own trainer, resume and checkpoints) on that data and the vocab step's mapping;
-- export: the last epoch's speculators-format checkpoint, checked and copied to export/.
+- export: the speculators-format checkpoint of the epoch with the best validation acceptance (train_figures; the
+  last epoch where the log has no validation figures), checked and copied to export/.
 train and export also run for each other draft algorithm of the run (algorithms.py: dflash, dspark) as
 train-<algo> and export-<algo>, from the same extraction and vocab mapping, into their own directories.
 

@@ -1,4 +1,8 @@
-"""Step 5 on the current track - export: the last epoch's speculators-format checkpoint, checked, copied to export/.
+"""Step 5 on the current track - export: the chosen epoch's speculators-format checkpoint, checked, copied to export/.
+
+The chosen epoch is the one the train manifest names (counts.validation.best_epoch: the highest validation acceptance
+of the training's epochs, train_figures), or the last one where the manifest has no validation (a training recorded
+before the pipeline chose); the export manifest records it, why, and its validation figures.
 
 The same step exports each other draft algorithm of the run (export-<algo>, algorithms.py) from train-<algo>/ to
 export-<algo>/, checked by its algorithm: its config as vLLM reads it (speculators_model_type, aux_hidden_state_layer_ids,
@@ -9,7 +13,7 @@ import json
 import shutil
 import time
 
-from specdec_pipeline import algorithms, vocab
+from specdec_pipeline import algorithms, manifest, vocab
 from specdec_pipeline.config import run_path
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.fsutil import atomic_path, read_json
@@ -90,13 +94,32 @@ def check_export(model_path, conf, aux_ids, d2t, t2d, block=None):
             raise ValueError(f"{model_path}: d2t/t2d differ from the vocab step's mapping")
 
 
+def chosen_epoch(cfg, step, train, done):
+    """(epoch, chosen_by, its validation figures or None) of TRAIN's checkpoints (DONE: their epochs) that STEP
+    exports: the train manifest's best_epoch, else the last epoch."""
+    path = manifest.manifest_path(cfg, train)
+    val = ((manifest.read(cfg, train) or {}).get("counts") or {}).get("validation")
+    if val is None:
+        return done[-1], f"the last epoch ({done[-1]}): {path.name} records no validation (a training recorded " \
+                         "before the pipeline chose the epoch)", None
+    best = val.get("best_epoch") if isinstance(val, dict) else None
+    if not isinstance(best, int) or isinstance(best, bool) or best not in done:
+        raise PipelineError(f"{step}: {path}: counts.validation.best_epoch is {best!r}, expected one of the epochs "
+                            f"with a checkpoint under {run_path(cfg, train, 'checkpoints')} ({done}); delete {path} "
+                            f"and re-run (the {train} step then runs again and records the choice).")
+    figures = (val.get("per_epoch") or {}).get(str(best))
+    return best, str(val.get("chosen_by") or ""), figures if isinstance(figures, dict) else None
+
+
 def run(cfg, algo="eagle3"):
     started = time.time()
     step, train = algorithms.step_name("export", algo), algorithms.step_name("train", algo)
     done = epochs_done(run_path(cfg, train, "checkpoints"))
     if not done:
         raise PipelineError(f"{step}: no checkpoint under {train}/checkpoints; run the {train} step first.")
-    src = run_path(cfg, train, "checkpoints", str(done[-1]))
+    epoch, chosen_by, figures = chosen_epoch(cfg, step, train, done)
+    src = run_path(cfg, train, "checkpoints", str(epoch))
+    log.info("%s: epoch %s (%s)", step, epoch, chosen_by)
     ids = read_json(run_path(cfg, "extract", "data_config.json"))["layer_ids"]
     aux = ids[:-1]  # vLLM capture ids are what the served draft asks the target for
     conf = json.loads((src / "config.json").read_text())
@@ -122,11 +145,12 @@ def run(cfg, algo="eagle3"):
     for extra in ("generation_config.json",):
         if (src / extra).exists():
             shutil.copyfile(src / extra, out / extra)
+    chosen = {"epoch": epoch, "chosen_by": chosen_by, "validation": figures}
     if algo == "eagle3":
-        counts = {"epoch": done[-1], "capture_layer_ids": ids, "eagle_aux_hidden_state_layer_ids": aux,
+        counts = {**chosen, "capture_layer_ids": ids, "eagle_aux_hidden_state_layer_ids": aux,
                   "norm_before_fc": conf.get("norm_before_fc"), "norm_output": conf.get("norm_output")}
     else:
-        counts = {"epoch": done[-1], "capture_layer_ids": ids, "algorithm": algo, "aux_hidden_state_layer_ids": aux,
+        counts = {**chosen, "capture_layer_ids": ids, "algorithm": algo, "aux_hidden_state_layer_ids": aux,
                   "block_size": conf["block_size"], "mask_token_id": conf["mask_token_id"],
                   "speculative_tokens": algorithms.speculative_tokens(algo, conf["block_size"]),
                   "non_causal": conf["sliding_window_non_causal"]}

@@ -4,21 +4,27 @@ The same step trains each other draft algorithm of the run (train-<algo>, algori
 and vocab mapping: `--speculator-type <algo>` with the `dflash` settings, into train-<algo>/ with its own logs.
 """
 
+import os
 import re
 import subprocess
 import sys
 import time
 
-from specdec_pipeline import algorithms, draft, manifest
+from specdec_pipeline import algorithms, draft, manifest, train_figures
 from specdec_pipeline.config import run_path
 from specdec_pipeline.errors import PipelineError, exit_text
-from specdec_pipeline.fsutil import check_space, dir_size, open_step_dir, read_json, swap_in
+from specdec_pipeline.fsutil import check_space, dir_size, open_step_dir, read_json, sha256_json, swap_in
 from specdec_pipeline.progress import Progress, log
 from specdec_pipeline.target import load_tokenizer
 from specdec_pipeline.target import text_config
 from specdec_pipeline.tracks.current.common import _inputs_settled, _write_manifest, stack_versions
 
 CHECKPOINT_FILES = ("config.json", "model.safetensors")
+# The console width `speculators train` logs at (rich's RichHandler reads COLUMNS; 80 when unset). rich pads every
+# line to the width, so wider costs bytes on each step's record: 2000 holds a validation record of up to 14 EAGLE-3
+# draft positions or a DFlash block of 32 on one line (about 120 and 33 characters a position) and a step's record
+# (about 850 characters) too. A longer one wraps, and train_figures joins its lines.
+LOG_COLUMNS = "2000"
 
 
 ATTN_IMPLS = ("simple_flex_attention", "sdpa", "eager")  # speculators 0.9's --draft-attn-impl choices
@@ -178,6 +184,23 @@ def train_failure(returncode, text, log_path, impl, why):
     return f"train: `speculators train` {status}: {cause}; its log is {log_path}."
 
 
+def trainer_env():
+    """The environment `speculators train` runs in: this one, with the log's console width (LOG_COLUMNS)."""
+    return {**os.environ, "COLUMNS": LOG_COLUMNS}
+
+
+def validation(log_path, algo, build, epochs):
+    """The train manifest's "validation": the per-epoch figures of BUILD's runs in LOG_PATH for the epochs with a
+    checkpoint (EPOCHS), the epoch to export and why (train_figures); "left_out" where a record was unusable."""
+    per_epoch, left_out = train_figures.read_log(log_path, algo, build)
+    best, why = train_figures.choose(per_epoch, epochs, left_out, log_path.name)
+    out = {"per_epoch": {str(e): per_epoch[e] for e in sorted(epochs) if e in per_epoch}, "best_epoch": best,
+           "chosen_by": why}
+    if any(e in left_out for e in epochs):
+        out["left_out"] = {str(e): left_out[e] for e in sorted(epochs) if e in left_out}
+    return out
+
+
 def _train_settings(cfg, algo="eagle3"):
     for key, choices in (("draft_attn_impl", ATTN_IMPLS), ("loss_implementation", LOSS_IMPLS)):
         value = cfg["current"][key]
@@ -228,14 +251,18 @@ def run(cfg, algo="eagle3"):
     impl, why = loss_decision(cfg)
     log_path = run_path(cfg, "logs", f"{step}.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_start = log_path.stat().st_size if log_path.exists() else 0  # this run's part of the appended log
+    build = sha256_json(identity)[:16]  # the runs of one build share their validation records (train_figures)
+    with open(log_path, "a", encoding="utf-8") as logf:
+        logf.write(train_figures.marker(build, epochs_done(save_dir)))
+    log_start = log_path.stat().st_size  # this run's part of the appended log
     epochs = int(cfg["train"]["epochs"])
     prog = Progress(run_path(cfg, "progress.json"), step, epochs, unit="epochs")
     prog.resume_from(len(epochs_done(save_dir)))
     log.info("%s: loss implementation %s (%s)", step, impl, why)
     log.info("%s: %s (log %s)", step, " ".join(argv), log_path)
     with open(log_path, "ab") as logf:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                env=trainer_env())
         try:
             seen = -1
             while proc.poll() is None:
@@ -257,19 +284,24 @@ def run(cfg, algo="eagle3"):
     done = epochs_done(save_dir)
     if not done:
         raise PipelineError(f"{step}: `speculators train` finished but wrote no checkpoint under {save_dir}; see {log_path}.")
-    last = save_dir / str(done[-1])
-    missing = [f for f in CHECKPOINT_FILES if not (last / f).exists()]
-    if missing:
-        raise PipelineError(f"{step}: checkpoint {last} lacks {missing}; see {log_path}.")
+    val = validation(log_path, algo, build, done)
+    kept = sorted({val["best_epoch"], done[-1]})  # the checkpoint export takes, and the last (the resume point)
+    for epoch in kept:
+        missing = [f for f in CHECKPOINT_FILES if not (save_dir / str(epoch) / f).exists()]
+        if missing:
+            raise PipelineError(f"{step}: checkpoint {save_dir / str(epoch)} lacks {missing}; see {log_path}.")
+    log.info("%s: export takes epoch %s: %s", step, val["best_epoch"], val["chosen_by"])
     prog.finish(f"{len(done)} epochs")
     if out != final:
         log.info("%s: the new training is complete - replacing %s", step, final)
         swap_in(out, final)
-        last = final / "checkpoints" / str(done[-1])
+    checkpoints = final / "checkpoints"
     counts = {"epochs": len(done), "last_epoch": done[-1], "draft_attn_impl": attention_impl(cfg),
               "loss_implementation": impl, "loss_implementation_why": why, "trainer": "speculators train"}
     if algo != "eagle3":
         counts.update(algorithm=algo, block_size=cfg["dflash"]["block_size"], num_layers=cfg["dflash"]["num_layers"],
                       max_anchors=cfg["dflash"]["max_anchors"], non_causal=cfg["dflash"]["non_causal"],
                       hidden_states_dtype="float32" if cfg["current"]["device"] == "cpu" else "bfloat16")
-    return _write_manifest(cfg, step, [last / f for f in CHECKPOINT_FILES], counts, started)
+    counts["validation"] = val
+    outputs = [checkpoints / str(e) / f for e in kept for f in CHECKPOINT_FILES]
+    return _write_manifest(cfg, step, outputs, counts, started)
