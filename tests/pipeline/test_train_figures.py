@@ -1,9 +1,12 @@
 """The per-epoch validation figures of `speculators train` 0.9.0 logs, the epoch export takes, and what the train
 and export manifests record of it (train_figures.py; tracks/current/train.py and export.py).
 
-The logs under data/ are real (see data/README.md): train-eagle3-cpu.log and train-dflash-cpu.log are the whole
-train logs of a CPU run of inventory/local-current (tiny target, 2 epochs; rich at its default 80 columns, so every
-record is wrapped), fused-first-step-*.log trainings that failed in their first step (no validation).
+data/train-eagle3-rich80.log and data/train-dflash-rich80.log are NOT a run's: they were printed by rich's
+RichHandler (the handler `speculators train` logs through) at its default 80 columns, with the record shapes of
+speculators 0.9.0's trainer (keys, the %.3f / %.2e number format, the epoch's records in its order) and made-up
+figures, so that every record is wrapped as a run without COLUMNS writes it - the layout the parser must join. The
+real log - a GPU run's, every record on one line as the train step now has it - is test_train_figures_real.py's;
+fused-first-step-*.log are trainings that failed in their first step (no validation).
 """
 
 import json
@@ -19,8 +22,8 @@ from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.tracks.current import export, train
 
 DATA = Path(__file__).parent / "data"
-EAGLE = (DATA / "train-eagle3-cpu.log").read_text()
-DFLASH = (DATA / "train-dflash-cpu.log").read_text()
+EAGLE = (DATA / "train-eagle3-rich80.log").read_text()
+DFLASH = (DATA / "train-dflash-rich80.log").read_text()
 VAL_TOKEN = re.compile(r"(val/\w+_epoch|(?<![\w/])epoch)=([^,\s]+)")
 
 

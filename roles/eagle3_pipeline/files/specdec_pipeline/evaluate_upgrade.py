@@ -65,7 +65,8 @@ def _other_drafts(res):
 
 # Settings that do not move a draft's figures: which other variants and drafts are measured, the warm-up (each
 # other draft's own draft tokens are compared with its figures).
-NOT_COMPARED = ("baseline", "control", "warmup_requests", "drafts", "draft_tokens")
+NOT_COMPARED = ("baseline", "control", "warmup_requests", "drafts", "draft_tokens", "ngram", "ngram_lookup_min",
+                "ngram_lookup_max")  # the variants measured beside the draft do not move its AL
 
 
 def _settings_key(res):
