@@ -145,10 +145,12 @@ def test_records_of_another_build_or_before_a_fresh_start_do_not_count():
     assert train_figures.read(log, "eagle3", "b1")[0] == train_figures.read(EAGLE, "eagle3")[0]
 
 
-@pytest.mark.parametrize(("value", "why"), [("0.1x3", "val/full_acc_1_epoch is '0.1x3', not a finite number in [0, 1]"),
-                                          ("nan", "val/full_acc_1_epoch is 'nan', not a finite number in [0, 1]"),
-                                          ("1.7", "val/full_acc_1_epoch is '1.7', not a finite number in [0, 1]"),
-                                          ("0.0.5", "val/full_acc_1_epoch is '0.0.5', not a finite number")])
+@pytest.mark.parametrize(("value", "why"), [
+    ("0.1x3", "val/full_acc_1_epoch is '0.1x3', not a finite number in [0, 1]"),
+    ("nan", "val/full_acc_1_epoch is 'nan', not a finite number in [0, 1]"),
+    ("1.7", "val/full_acc_1_epoch is '1.7', not a finite number in [0, 1]"),
+    ("0.0.5", "val/full_acc_1_epoch is '0.0.5', not a finite number"),
+])
 def test_a_malformed_number_leaves_its_epoch_out(value, why):
     per_epoch, left_out = train_figures.read(_with_value(EAGLE, 0, "val/full_acc_1_epoch", value), "eagle3")
     assert sorted(per_epoch) == [1] and sorted(left_out) == [0]

@@ -28,7 +28,7 @@ def test_the_real_log_gives_what_the_train_step_recorded_on_the_gpu():
 
 
 def test_an_earlier_epoch_is_exported_when_it_validated_better():
-    per_epoch, _ = train_figures.read_log(LOG, "eagle3", "0bcb6a517619d6f4")
+    per_epoch = train_figures.read_log(LOG, "eagle3", "0bcb6a517619d6f4")[0]
     best, why = train_figures.choose(per_epoch, [0, 1, 2], {}, LOG.name)  # epoch 3's checkpoint gone
     assert best == 2 and "epoch 2, the last" in why
     per_epoch[3] = dict(per_epoch[3], expected_al=3.0)  # a last epoch that validated worse than epoch 2's 3.312
