@@ -6,7 +6,8 @@ temperature and top-p, the chat mode, the output cap and whether EOS was ignored
 the concurrency levels and the AL formula. Format 3 measures every draft the run trained side by side (`drafts`,
 and per prompt set each draft's AL, per-position acceptance, speed-up per concurrency, draft tokens and block size,
 its control, and how it compares with vLLM's n-gram speculation, the `ngram` variant); EAGLE-3's variants keep
-their format-2 names (trained, control), and a format-2 file reads as a run of that one draft (evaluate_drafts.of_results): the gates, the summary and the report read both.
+their format-2 names (trained, control), and a format-2 file reads as a run of that one draft
+(evaluate_drafts.of_results): the gates, the summary and the report read both.
 """
 
 import time
