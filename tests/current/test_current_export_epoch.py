@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-WORK = Path(os.environ.get("SPECDEC_CURRENT_WORK", Path.home() / ".local" / "share" / "specdec-eagle3" / "work-current"))
+PREFIX = Path.home() / ".local" / "share" / "specdec-eagle3"
+WORK = Path(os.environ.get("SPECDEC_CURRENT_WORK", PREFIX / "work-current"))
 RUN = WORK / "runs" / "tiny-current"
 
 

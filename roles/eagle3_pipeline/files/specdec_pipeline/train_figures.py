@@ -184,6 +184,9 @@ def choose(per_epoch, epochs, left_out=None, log_name="the train log"):
     last = epochs[-1]
     reason = (f"the highest validation acceptance (expected accepted length {per_epoch[best]['expected_al']:.3f}) "
               f"of epochs {have}: epoch {best}")
+    tied = [e for e in have if e != best and per_epoch[e]["expected_al"] == per_epoch[best]["expected_al"]]
+    if tied:
+        reason += f" (tied with {tied}: the later)"
     if best == last:
         reason += ", the last"
     elif last in per_epoch:
