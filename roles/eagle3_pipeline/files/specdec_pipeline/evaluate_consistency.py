@@ -52,27 +52,35 @@ def compared_set(res):
     return "heldout" if "heldout" in sets else (sets[0] if sets else None)
 
 
+def _compared(run_dir, res, tokens):
+    """(set name, [(draft, served gain, validated figures, served per position)]) of RES on the compared set, for
+    each draft served there that training validated; TOKENS: the draft tokens when a draft's entry names none."""
+    name = compared_set(res)
+    if name is None:
+        return None, []
+    from specdec_pipeline import evaluate_drafts  # noqa: PLC0415 - evaluate_drafts imports versions (stdlib only)
+
+    out = []
+    for draft, spec in evaluate_drafts.of_results(res).items():
+        mine = res["sets"][name]["variants"].get(spec["variant"])
+        val = validated(run_dir, draft, spec.get("num_speculative_tokens") or tokens)
+        if mine and val:
+            out.append((draft, (mine.get("acceptance_length") or 1.0) - 1.0, val, mine.get("per_position") or []))
+    return name, out
+
+
 def check(cfg, res, report_path):
     """'' when every draft's served gain is at least consistency_min_ratio of its validated one (or the gate is
     off, or nothing validated to compare with), else the one failure line."""
     ratio = cfg.get("consistency_min_ratio")
     if ratio is None:
         return ""
-    name = compared_set(res)
-    if name is None:
-        return ""
-    from specdec_pipeline import evaluate_drafts  # noqa: PLC0415 - evaluate_drafts imports versions (stdlib only)
+    from specdec_pipeline import evaluate_drafts  # noqa: PLC0415
 
-    s = res["sets"][name]
-    for draft, spec in evaluate_drafts.of_results(res).items():
-        mine = s["variants"].get(spec["variant"])
-        tokens = spec.get("num_speculative_tokens") or cfg["num_speculative_tokens"]
-        val = validated(cfg["run_dir"], draft, tokens)
-        if not mine or not val or val["gain"] < MIN_VALIDATED_GAIN:
-            continue
-        served = (mine.get("acceptance_length") or 1.0) - 1.0
-        if served < ratio * val["gain"]:
-            per = ", ".join(f"{x:g}" for x in mine.get("per_position") or []) or "-"
+    name, pairs = _compared(cfg["run_dir"], res, cfg["num_speculative_tokens"])
+    for draft, served, val, per_position in pairs:
+        if val["gain"] >= MIN_VALIDATED_GAIN and served < ratio * val["gain"]:
+            per = ", ".join(f"{x:g}" for x in per_position) or "-"
             vper = f" (per position {', '.join(f'{x:g}' for x in val['per_position'])})" if val["per_position"] else ""
             return (f"evaluate: on {name}, the {evaluate_drafts.label(draft)} accepts far less served than training "
                     f"validated for its exported epoch {val['epoch']}: served AL {1 + served:.3f} (per position {per}) "
@@ -85,18 +93,11 @@ def check(cfg, res, report_path):
 def lines(run_dir, res):
     """Report lines: each draft's served gain against its validated one on the compared set (RUN_DIR's export
     manifests)."""
-    name = compared_set(res)
-    if name is None:
-        return []
     from specdec_pipeline import evaluate_drafts  # noqa: PLC0415
 
+    name, pairs = _compared(run_dir, res, 3)
     out = []
-    for draft, spec in evaluate_drafts.of_results(res).items():
-        mine = res["sets"][name]["variants"].get(spec["variant"])
-        val = validated(run_dir, draft, spec.get("num_speculative_tokens") or 3)
-        if not mine or not val:
-            continue
-        served = (mine.get("acceptance_length") or 1.0) - 1.0
+    for draft, served, val, _per in pairs:
         share = f"{served / val['gain']:.2f} of it" if val["gain"] > 0 else "nothing validated"
         out.append(f"Served against trained ({name}): the {evaluate_drafts.label(draft)} accepts AL {1 + served:.3f} "
                    f"served, {1 + val['gain']:.3f} validated for epoch {val['epoch']} ({share}).")
