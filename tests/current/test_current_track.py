@@ -272,7 +272,7 @@ print(json.dumps({"model": SpeculatorsConfig.extract_transformers_pre_trained_co
 @needs_dflash_run
 def test_both_drafts_come_from_one_extraction_and_the_dflash_draft_is_served_as_trained():
     """One extraction and one vocab mapping feed both trainings; the DFlash draft trained on the CPU with float32
-    hidden states (speculators autocasts to bf16 on CUDA only), its export reads through vLLM's own speculators
+    hidden states (every CPU training does: train.compute_dtype), its export reads through vLLM's own speculators
     reader as a causal block-4 DFlash draft asking the target for the extraction's aux ids, the evaluate stage served
     it (method dflash, those layers) and it beat its random-weight control."""
     run = PROFILE_RUN
@@ -330,9 +330,10 @@ def test_adding_dflash_to_a_finished_eagle3_run_trains_only_its_own_steps(tmp_pa
     assert manifest_of(run_dir, "train-dflash")["inputs"]["extract"] == outputs_digest(manifest_of(run_dir, "extract"))
 
 
-def test_the_dflash_argv_reads_float32_hidden_states_on_the_cpu_only(tmp_path):
-    """The launcher's rule (its absence made `speculators train` fail on the CPU: bf16 features met float32 fc
-    weights) - and EAGLE-3's argv carries neither it nor the DFlash options."""
+def test_every_argv_reads_float32_hidden_states_on_the_cpu_only(tmp_path):
+    """The launcher's rule (its absence made DFlash's `speculators train` fail on the CPU - bf16 features met float32
+    fc weights - and EAGLE-3's take 15 s a step on a CPU without native bf16) - and EAGLE-3's argv carries none of
+    the DFlash options."""
     (tmp_path / "run" / "extract").mkdir(parents=True)
     (tmp_path / "run" / "extract" / "data_config.json").write_text(json.dumps({"layer_ids": [2, 4, 5, 8]}))
     cfg = write_config(tmp_path / "c.json", tmp_path / "run", drafts=["eagle3", "dflash"],
@@ -342,6 +343,7 @@ def test_the_dflash_argv_reads_float32_hidden_states_on_the_cpu_only(tmp_path):
         f"cfg = tracks.load({str(cfg)!r})\n"
         "argv = {a: train.train_argv(cfg, 'ckpt', a) for a in ('eagle3', 'dflash')}\n"
         "cfg['current']['device'] = 'cuda'; argv['gpu'] = train.train_argv(cfg, 'ckpt', 'dflash')\n"
+        "argv['gpu-eagle3'] = train.train_argv(cfg, 'ckpt', 'eagle3')\n"
         "print(json.dumps(argv))")
     argv = json.loads(out.splitlines()[-1])
     dflash = " ".join(argv["dflash"])
@@ -349,10 +351,11 @@ def test_the_dflash_argv_reads_float32_hidden_states_on_the_cpu_only(tmp_path):
                 "--sliding-window-non-causal", "--hidden-states-dtype float32"):
         assert arg in dflash, arg
     assert "--ttt-steps" not in dflash and "/logs/speculators-dflash" in dflash
-    assert "--hidden-states-dtype" not in argv["gpu"]
+    assert "--hidden-states-dtype" not in argv["gpu"] and "--hidden-states-dtype" not in argv["gpu-eagle3"]
     eagle3 = " ".join(argv["eagle3"])
     assert "--speculator-type eagle3" in eagle3 and "--ttt-steps 3" in eagle3 and "--num-layers 1" in eagle3
-    assert not {"--block-size", "--max-anchors", "--hidden-states-dtype"} & set(argv["eagle3"])
+    assert "--hidden-states-dtype float32" in eagle3
+    assert not {"--block-size", "--max-anchors"} & set(argv["eagle3"])
 
 
 OLD_SPECULATORS = PREFIX / "ml-env" / "bin" / "python"  # the patched track's venv: speculators 0.3.0, vLLM 0.16.0

@@ -85,6 +85,26 @@ def preflight(*raw, inventory="kimi", **extra):
     return rc, report or stops or (other[-1:] if rc else [])
 
 
+def each_problem_once(cases, inventory="kimi", one_line_each=True, **base):
+    """CASES ((overrides, expected line part), ...) refused in one run: the validate play reports every problem of a
+    host at once, so independent bad values share a run (each run costs about 14 s of CPU on a slow CI machine).
+    Each expected part must be in exactly one of the report's lines, and the report must hold nothing else."""
+    overrides = dict(base)
+    for extra, _ in cases:
+        assert not set(extra) & set(overrides) - set(base), f"{extra} overlaps another case of the same run"
+        overrides.update(extra)
+    rc, failures = preflight(inventory=inventory, **overrides)
+    assert rc != 0
+    assert len(failures) == len(cases), failures
+    for _, expected in cases:
+        assert sum(expected in line for line in failures) == 1, (expected, failures)
+    assert not one_line_each or not any("\n" in line.strip() for line in failures), failures
+
+
+def cases_id(cases):
+    return "+".join(k for extra, _ in cases for k in extra)
+
+
 @pytest.mark.parametrize("inventory", ["local", "local-vllm", "local-current"])
 def test_the_shipped_local_profiles_pass_as_they_are(inventory):
     # The profiles name this CI machine's Python 3.11; elsewhere (the 2.21 controller's trixie has 3.13) the
@@ -100,29 +120,32 @@ def test_the_kimi_sample_passes_once_its_placeholders_are_set(inventory):
     assert (rc, failures) == (0, [])
 
 
-@pytest.mark.parametrize(("extra", "expected"), [
-    ({}, "set ansible_host in the inventory"),
-    pytest.param({"specdec_venv_path": "/root/ml-env"},
-                 "which cannot pass through /root (mode 0700, root:root) on the way to the ML venv", marks=ROOT_HOME_0700),
-    pytest.param({"specdec_prefix": "/root"},
-                 "which cannot pass through /root (mode 0700, root:root) on the way to the pipeline code",
-                 marks=ROOT_HOME_0700),
-    ({"specdec_work_dir": "data/eagle3"}, "specdec_work_dir must be an absolute path"),
-    ({"specdec_gpu_count": 0}, "specdec_require_gpu is true but specdec_gpu_count is 0"),
-    ({"specdec_require_gpu": False}, "specdec_install_driver is true while specdec_require_gpu is false"),
-    ({"specdec_gpu_compute_capability": "sm120"}, "specdec_gpu_compute_capability must look like 12.0"),
-    ({"specdec_extra_ca_bundle": "ca.pem"}, "specdec_extra_ca_bundle must be empty or an absolute path"),
-    # Checked against the track's one declaration (the specdec role's argument spec: its choices).
-    ({"specdec_track": "newest"}, "value of specdec_track must be one of: patched, current, got: newest"),
-])
-def test_a_bad_inventory_fails_with_one_message(extra, expected):
-    overrides = dict(LOCAL, **extra)
-    if "ansible_host" not in extra and not extra:
-        overrides.pop("ansible_host")
+def test_connection_placeholders_stop_the_play_in_one_line():
+    overrides = dict(LOCAL)
+    overrides.pop("ansible_host")
     rc, failures = preflight(**overrides)
     assert rc != 0
     assert len(failures) == 1, failures
-    assert expected in failures[0], failures[0]
+    assert "set ansible_host in the inventory" in failures[0], failures[0]
+
+
+@pytest.mark.parametrize("cases", [
+    pytest.param([({"specdec_venv_path": "/root/ml-env"},
+                   "which cannot pass through /root (mode 0700, root:root) on the way to the ML venv"),
+                  ({"specdec_prefix": "/root"},
+                   "which cannot pass through /root (mode 0700, root:root) on the way to the pipeline code")],
+                 marks=ROOT_HOME_0700),
+    [({"specdec_work_dir": "data/eagle3"}, "specdec_work_dir must be an absolute path"),
+     ({"specdec_gpu_count": 0}, "specdec_require_gpu is true but specdec_gpu_count is 0"),
+     ({"specdec_gpu_compute_capability": "sm120"}, "specdec_gpu_compute_capability must look like 12.0"),
+     ({"specdec_extra_ca_bundle": "ca.pem"}, "specdec_extra_ca_bundle must be empty or an absolute path")],
+    [({"specdec_require_gpu": False}, "specdec_install_driver is true while specdec_require_gpu is false")],
+    # Checked against the track's one declaration (the specdec role's argument spec: its choices).
+    [({"specdec_track": "newest"}, "value of specdec_track must be one of: patched, current, got: newest")],
+], ids=cases_id)
+def test_a_bad_inventory_fails_with_one_message(cases):
+    # One message each; the argument-spec refusal of specdec_track comes under ansible's own header line.
+    each_problem_once(cases, one_line_each="specdec_track" not in cases_id(cases), **LOCAL)
 
 
 def test_an_inventory_without_a_track_is_refused_in_one_line(tmp_path):
@@ -138,23 +161,20 @@ def test_an_inventory_without_a_track_is_refused_in_one_line(tmp_path):
     assert "specdec_track is not set; set it in the inventory (group_vars/eagle3_hosts/profile.yml)" in failures[0]
 
 
-@pytest.mark.parametrize(("extra", "expected"), [
-    ({"eagle3_pipeline_seq_length": 0}, "eagle3_pipeline_seq_length is 0; expected a value in [1, inf)"),
-    ({"eagle3_pipeline_seq_length": -5}, "eagle3_pipeline_seq_length is -5; expected a value in [1, inf)"),
-    ({"eagle3_pipeline_layer_ids": [2, 30, 58, 61]},
-     "extract.layer_ids [2, 30, 58, 61]: expected at least 2 layer indices in 0..60"),
-    ({"eagle3_pipeline_layer_ids": [7]}, "extract.layer_ids [7]: expected at least 2 layer indices in 0..60"),
-    ({"eagle3_pipeline_target_path": "/nonexistent/Kimi-K2.5"},
-     "eagle3_pipeline_target_path is '/nonexistent/Kimi-K2.5'; expected an existing model directory"),
-    ({"eagle3_pipeline_target_path": "models/kimi"}, "eagle3_pipeline_target_path is 'models/kimi'; expected the absolute path"),
-    ({"eagle3_pipeline_max_samples": 10**9}, "the work directory's filesystem"),
-])
-def test_a_bad_pipeline_setting_fails_with_one_line(extra, expected):
-    rc, failures = preflight(**dict(LOCAL, **extra))
-    assert rc != 0
-    assert len(failures) == 1, failures
-    assert expected in failures[0], failures[0]
-    assert "\n" not in failures[0].strip()
+@pytest.mark.parametrize("cases", [
+    [({"eagle3_pipeline_seq_length": 0}, "eagle3_pipeline_seq_length is 0; expected a value in [1, inf)"),
+     ({"eagle3_pipeline_layer_ids": [2, 30, 58, 61]},
+      "extract.layer_ids [2, 30, 58, 61]: expected at least 2 layer indices in 0..60")],
+    [({"eagle3_pipeline_seq_length": -5}, "eagle3_pipeline_seq_length is -5; expected a value in [1, inf)"),
+     ({"eagle3_pipeline_layer_ids": [7]}, "extract.layer_ids [7]: expected at least 2 layer indices in 0..60")],
+    [({"eagle3_pipeline_target_path": "/nonexistent/Kimi-K2.5"},
+      "eagle3_pipeline_target_path is '/nonexistent/Kimi-K2.5'; expected an existing model directory")],
+    [({"eagle3_pipeline_target_path": "models/kimi"},
+      "eagle3_pipeline_target_path is 'models/kimi'; expected the absolute path")],
+    [({"eagle3_pipeline_max_samples": 10**9}, "the work directory's filesystem")],
+], ids=cases_id)
+def test_a_bad_pipeline_setting_fails_with_one_line(cases):
+    each_problem_once(cases, **LOCAL)
 
 
 @pytest.mark.parametrize(("storage", "refused"), [("bf16", True), ("fp8", False)])
@@ -220,26 +240,27 @@ def test_build_tiny_target_given_as_key_value_text_acts_as_a_boolean(value, refu
     assert bool(failures) == refused
 
 
-@pytest.mark.parametrize(("extra", "expected"), [
+@pytest.mark.parametrize("cases", [
     # YAML reads an unquoted 3.10 as the number 3.1; -e JSON keeps the number the same way.
-    ({"specdec_python_version": 3.1}, "specdec_python_version is the number 3.1, not text"),
-    ({"specdec_python_version": 3.12}, "specdec_python_version is the number 3.12, not text"),
-    ({"specdec_profile": "kimi k2.5"}, "specdec_profile is 'kimi k2.5'; expected one name"),
-    ({"specdec_profile": "../../etc"}, "specdec_profile is '../../etc'; expected one name"),
-    ({"eagle3_pipeline_run_name": "a/../../b"}, "eagle3_pipeline_run_name is 'a/../../b'; expected one name"),
-    ({"eagle3_pipeline_gpu_memory_utilization": 80}, "eagle3_pipeline_gpu_memory_utilization is 80.0; expected a value in (0, 1]"),
-    ({"eagle3_pipeline_gpu_memory_utilization": 0}, "eagle3_pipeline_gpu_memory_utilization is 0.0; expected a value in (0, 1]"),
-    ({"eagle3_pipeline_server_args": ["--host", "0.0.0.0"]}, "current.server_args (eagle3_pipeline_server_args) contains '--host'"),
-    ({"eagle3_pipeline_server_args": ["--enforce-eager", "--port=9000"]}, "current.server_args (eagle3_pipeline_server_args) contains '--port=9000'"),
-    ({"eagle3_evaluate_server_args": ["--api-key", "k"]}, "eagle3_evaluate_server_args is [\"--api-key\", \"k\"]"),
-    # The validate entry point has the role's argument spec: a wrong type is refused in preflight.
-    ({"eagle3_pipeline_epochs": "many"}, "eagle3_pipeline_epochs"),
-])
-def test_low_level_bad_input_gets_one_line_in_preflight(extra, expected):
-    rc, failures = preflight(**dict(LOCAL, **extra))
-    assert rc != 0
-    assert len(failures) == 1, failures
-    assert expected in failures[0], failures[0]
+    [({"specdec_python_version": 3.1}, "specdec_python_version is the number 3.1, not text"),
+     ({"eagle3_pipeline_run_name": "a/../../b"}, "eagle3_pipeline_run_name is 'a/../../b'; expected one name"),
+     ({"eagle3_pipeline_gpu_memory_utilization": 80},
+      "eagle3_pipeline_gpu_memory_utilization is 80.0; expected a value in (0, 1]"),
+     ({"eagle3_pipeline_server_args": ["--host", "0.0.0.0"]},
+      "current.server_args (eagle3_pipeline_server_args) contains '--host'"),
+     ({"eagle3_evaluate_server_args": ["--api-key", "k"]}, "eagle3_evaluate_server_args is [\"--api-key\", \"k\"]")],
+    [({"specdec_python_version": 3.12}, "specdec_python_version is the number 3.12, not text"),
+     ({"eagle3_pipeline_gpu_memory_utilization": 0},
+      "eagle3_pipeline_gpu_memory_utilization is 0.0; expected a value in (0, 1]"),
+     ({"eagle3_pipeline_server_args": ["--enforce-eager", "--port=9000"]},
+      "current.server_args (eagle3_pipeline_server_args) contains '--port=9000'"),
+     # The validate entry point has the role's argument spec: a wrong type is refused in preflight.
+     ({"eagle3_pipeline_epochs": "many"}, "eagle3_pipeline_epochs")],
+    [({"specdec_profile": "kimi k2.5"}, "specdec_profile is 'kimi k2.5'; expected one name")],
+    [({"specdec_profile": "../../etc"}, "specdec_profile is '../../etc'; expected one name")],
+], ids=cases_id)
+def test_low_level_bad_input_gets_one_line_in_preflight(cases):
+    each_problem_once(cases, **LOCAL)
 
 
 def test_harmless_server_args_pass():

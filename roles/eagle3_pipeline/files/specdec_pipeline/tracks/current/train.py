@@ -99,17 +99,21 @@ def space_needed(cfg, epochs=None, algo="eagle3"):
 
 def _algorithm_args(cfg, algo):
     """`speculators train` arguments of a DFlash-family draft (ALGO) beyond the data, vocabulary and trainer ones:
-    its layers, block size, anchors and attention (the test-time-training options are EAGLE-3's only). On the CPU
-    the hidden states are read as float32: speculators' trainer autocasts to bf16 on CUDA only, and DFlash has no
-    float32 norm before its fc layer (EAGLE-3 has), so bf16 features would meet float32 weights there."""
+    its layers, block size, anchors and attention (the test-time-training options are EAGLE-3's only)."""
     dfl = cfg["dflash"]
     args = ["--num-layers", str(dfl["num_layers"]), "--block-size", str(dfl["block_size"]),
             "--max-anchors", str(dfl["max_anchors"])]
     if dfl["non_causal"]:
         args.append("--sliding-window-non-causal")
-    if cfg["current"]["device"] == "cpu":
-        args += ["--hidden-states-dtype", "float32"]
     return args
+
+
+def compute_dtype(cfg):
+    """The dtype `speculators train` reads the hidden states in and autocasts to (`--hidden-states-dtype`): float32
+    on the CPU, bf16 (speculators' default) on a GPU. speculators 0.9.0 autocasts on the CPU too, and a CPU without
+    native bf16 (AVX2 only) emulates it: one EAGLE-3 step of the code profile took 15 s in bf16 there. DFlash also
+    has no float32 norm before its fc layer (EAGLE-3 has), so bf16 features would meet float32 weights there."""
+    return "float32" if cfg["current"]["device"] == "cpu" else "bfloat16"
 
 
 def train_argv(cfg, save_dir, algo="eagle3"):
@@ -144,6 +148,8 @@ def train_argv(cfg, save_dir, algo="eagle3"):
             "--save-path", str(save_dir),
             "--log-dir", str(run_path(cfg, "logs", "speculators" if algo == "eagle3" else f"speculators-{algo}")),
             "--run-name", "specdec"]
+    if cfg["current"]["device"] == "cpu":
+        args += ["--hidden-states-dtype", compute_dtype(cfg)]
     if cfg["target"]["trust_remote_code"]:
         args.append("--trust-remote-code")
     if cfg["current"]["device"] == "cpu":
@@ -300,8 +306,8 @@ def run(cfg, algo="eagle3"):
               "loss_implementation": impl, "loss_implementation_why": why, "trainer": "speculators train"}
     if algo != "eagle3":
         counts.update(algorithm=algo, block_size=cfg["dflash"]["block_size"], num_layers=cfg["dflash"]["num_layers"],
-                      max_anchors=cfg["dflash"]["max_anchors"], non_causal=cfg["dflash"]["non_causal"],
-                      hidden_states_dtype="float32" if cfg["current"]["device"] == "cpu" else "bfloat16")
+                      max_anchors=cfg["dflash"]["max_anchors"], non_causal=cfg["dflash"]["non_causal"])
+    counts["hidden_states_dtype"] = compute_dtype(cfg)
     counts["validation"] = val
     outputs = [checkpoints / str(e) / f for e in kept for f in CHECKPOINT_FILES]
     return _write_manifest(cfg, step, outputs, counts, started)

@@ -4,7 +4,8 @@ vLLM's ExampleHiddenStatesConnector copies each finished request's hidden states
 pinned memory, which a CPU-only host cannot do. This subclass keeps everything else of it (scheduler side,
 lock files, file names, what the server returns in kv_transfer_params) and replaces only the per-request
 write: gather the request's rows from the hidden-state cache on the CPU and write the safetensors file
-synchronously, as bf16 or - with kv_connector_extra_config {"specdec_storage": "fp8"} - in hs-connectors' FP8
+synchronously, as bf16 (whatever dtype the server computes in: a CPU profile may serve its target in float32,
+which a CPU without native bf16 runs far faster) or - with kv_connector_extra_config {"specdec_storage": "fp8"} - in hs-connectors' FP8
 layout (float8_e4m3fn values with one float32 scale per token), so the training side reads both formats the
 same way as on a GPU host. Loaded by the server through kv_connector_module_path.
 """
@@ -44,7 +45,7 @@ class CpuHiddenStatesConnector(ExampleHiddenStatesConnector):
         if not self._is_tp_rank_zero:
             return
         hidden = gather_rows(self._kv_cache, pending.block_ids, self._block_size, pending.token_ids.shape[0])
-        tensors = {"hidden_states": hidden, "token_ids": pending.token_ids.clone()}
+        tensors = {"hidden_states": hidden.to(torch.bfloat16), "token_ids": pending.token_ids.clone()}
         if self._kv_transfer_config.get_from_extra_config("specdec_storage", "bf16") == "fp8":
             from hs_connectors.fp8_utils import SCALES_KEY, quantize_tensor_to_fp8  # noqa: PLC0415
 
