@@ -281,6 +281,7 @@ def test_both_drafts_come_from_one_extraction_and_the_dflash_draft_is_served_as_
     assert mans["train"]["inputs"] == one and mans["train-dflash"]["inputs"] == one
     assert mans["export-dflash"]["inputs"] == {"train-dflash": outputs_digest(mans["train-dflash"]), "vocab": one["vocab"]}
     assert mans["train-dflash"]["counts"]["hidden_states_dtype"] == "float32"
+    assert mans["train-dflash"]["counts"]["optimizer"] == mans["train"]["counts"]["optimizer"] == "adamw"
     log = (run / "logs" / "pipeline.log").read_text()
     argv = [ln for ln in log.splitlines() if "train-dflash: " in ln and "--speculator-type dflash" in ln][-1]
     for arg in ("--block-size 4", "--num-layers 2", "--max-anchors 32", "--hidden-states-dtype float32"):
@@ -330,10 +331,10 @@ def test_adding_dflash_to_a_finished_eagle3_run_trains_only_its_own_steps(tmp_pa
     assert manifest_of(run_dir, "train-dflash")["inputs"]["extract"] == outputs_digest(manifest_of(run_dir, "extract"))
 
 
-def test_every_argv_reads_float32_hidden_states_on_the_cpu_only(tmp_path):
-    """The launcher's rule (its absence made DFlash's `speculators train` fail on the CPU - bf16 features met float32
-    fc weights - and EAGLE-3's take 15 s a step on a CPU without native bf16) - and EAGLE-3's argv carries none of
-    the DFlash options."""
+def test_every_argv_reads_float32_hidden_states_and_takes_adamw_on_the_cpu_only(tmp_path):
+    """The launcher's rules (without float32 DFlash's `speculators train` failed on the CPU - bf16 features met
+    float32 fc weights; with Muon, whose Newton-Schulz iterations run in bf16, an EAGLE-3 step took 15 s on a CPU
+    without native bf16) - and EAGLE-3's argv carries none of the DFlash options."""
     (tmp_path / "run" / "extract").mkdir(parents=True)
     (tmp_path / "run" / "extract" / "data_config.json").write_text(json.dumps({"layer_ids": [2, 4, 5, 8]}))
     cfg = write_config(tmp_path / "c.json", tmp_path / "run", drafts=["eagle3", "dflash"],
@@ -354,7 +355,7 @@ def test_every_argv_reads_float32_hidden_states_on_the_cpu_only(tmp_path):
     assert "--hidden-states-dtype" not in argv["gpu"] and "--hidden-states-dtype" not in argv["gpu-eagle3"]
     eagle3 = " ".join(argv["eagle3"])
     assert "--speculator-type eagle3" in eagle3 and "--ttt-steps 3" in eagle3 and "--num-layers 1" in eagle3
-    assert "--hidden-states-dtype float32" in eagle3
+    assert "--hidden-states-dtype float32 --optimizer adamw" in eagle3 and "--optimizer" not in argv["gpu-eagle3"]
     assert not {"--block-size", "--max-anchors"} & set(argv["eagle3"])
 
 

@@ -111,9 +111,16 @@ def _algorithm_args(cfg, algo):
 def compute_dtype(cfg):
     """The dtype `speculators train` reads the hidden states in and autocasts to (`--hidden-states-dtype`): float32
     on the CPU, bf16 (speculators' default) on a GPU. speculators 0.9.0 autocasts on the CPU too, and a CPU without
-    native bf16 (AVX2 only) emulates it: one EAGLE-3 step of the code profile took 15 s in bf16 there. DFlash also
-    has no float32 norm before its fc layer (EAGLE-3 has), so bf16 features would meet float32 weights there."""
+    native bf16 (AVX2 only) emulates it. DFlash also has no float32 norm before its fc layer (EAGLE-3 has), so bf16
+    features would meet float32 weights there."""
     return "float32" if cfg["current"]["device"] == "cpu" else "bfloat16"
+
+
+def optimizer(cfg):
+    """`speculators train --optimizer`: AdamW on the CPU, speculators' default Muon on a GPU. torch's Muon runs its
+    Newton-Schulz iterations in bf16 whatever the parameters' dtype, which a CPU without native bf16 (AVX2 only)
+    emulates: 15 s a step of the code profile there (2026-12-06, AMD EPYC), most of it in those iterations."""
+    return "adamw" if cfg["current"]["device"] == "cpu" else "muon"
 
 
 def train_argv(cfg, save_dir, algo="eagle3"):
@@ -149,7 +156,7 @@ def train_argv(cfg, save_dir, algo="eagle3"):
             "--log-dir", str(run_path(cfg, "logs", "speculators" if algo == "eagle3" else f"speculators-{algo}")),
             "--run-name", "specdec"]
     if cfg["current"]["device"] == "cpu":
-        args += ["--hidden-states-dtype", compute_dtype(cfg)]
+        args += ["--hidden-states-dtype", compute_dtype(cfg), "--optimizer", optimizer(cfg)]
     if cfg["target"]["trust_remote_code"]:
         args.append("--trust-remote-code")
     if cfg["current"]["device"] == "cpu":
@@ -307,7 +314,7 @@ def run(cfg, algo="eagle3"):
     if algo != "eagle3":
         counts.update(algorithm=algo, block_size=cfg["dflash"]["block_size"], num_layers=cfg["dflash"]["num_layers"],
                       max_anchors=cfg["dflash"]["max_anchors"], non_causal=cfg["dflash"]["non_causal"])
-    counts["hidden_states_dtype"] = compute_dtype(cfg)
+    counts.update(hidden_states_dtype=compute_dtype(cfg), optimizer=optimizer(cfg))
     counts["validation"] = val
     outputs = [checkpoints / str(e) / f for e in kept for f in CHECKPOINT_FILES]
     return _write_manifest(cfg, step, outputs, counts, started)
