@@ -104,7 +104,13 @@ def _drive(python, site, target, *extra):
 
 
 CASES = [(spec, None) for spec in (V016, V022)]
-CASES += [(spec, pid) for spec in (V016, V022) for pid in sorted(EXPECTED[spec])]
+# Each needed patch reverted alone on 0.16.0; on 0.22.1 the one it adds (p10): the others fail there with the same
+# errors as on 0.16.0 (measured), and seven more vLLM starts cost CI about 280 s. SPECDEC_VLLM_CPU_ALL_ABLATIONS=1
+# reverts each of them on 0.22.1 too.
+ABLATE = {V016: sorted(EXPECTED[V016]),
+          V022: sorted(EXPECTED[V022]) if os.environ.get("SPECDEC_VLLM_CPU_ALL_ABLATIONS") == "1"
+          else sorted(set(EXPECTED[V022]) - set(EXPECTED[V016]))}
+CASES += [(spec, pid) for spec in (V016, V022) for pid in ABLATE[spec]]
 
 
 @pytest.mark.parametrize(("spec", "without"), CASES, ids=[f"{s.split('==')[1]}-{w or 'full'}" for s, w in CASES])
