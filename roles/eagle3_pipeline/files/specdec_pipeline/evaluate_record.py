@@ -103,17 +103,19 @@ def _al(entry):
 
 
 def gate(cfg, res, report_path):
-    """Return '' when every gate passes for every draft, else the one failure line (the first gate missed)."""
+    """Return '' when every gate passes for every draft, else the one failure line (the first gate missed). After a
+    vLLM change the comparison with the last good record comes before the consistency gate: when both miss, the line
+    that names the change says more than the one that lists the usual causes."""
     drafts = evaluate_drafts.of_results(res)
     for name, s in res["sets"].items():
         for draft, spec in drafts.items():
             said = _gate_draft(cfg, name, s, draft, spec, report_path)
             if said:
                 return said
-    said = evaluate_consistency.check(cfg, res, report_path)
+    said = evaluate_upgrade.failure(res.get("upgrade"), cfg["upgrade_tolerance"], report_path)
     if said:
         return said
-    return evaluate_upgrade.failure(res.get("upgrade"), cfg["upgrade_tolerance"], report_path)
+    return evaluate_consistency.check(cfg, res, report_path)
 
 
 def _gate_draft(cfg, name, s, draft, spec, report_path):
