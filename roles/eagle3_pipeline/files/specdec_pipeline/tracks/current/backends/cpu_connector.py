@@ -45,11 +45,13 @@ class CpuHiddenStatesConnector(ExampleHiddenStatesConnector):
         if not self._is_tp_rank_zero:
             return
         hidden = gather_rows(self._kv_cache, pending.block_ids, self._block_size, pending.token_ids.shape[0])
-        tensors = {"hidden_states": hidden.to(torch.bfloat16), "token_ids": pending.token_ids.clone()}
+        tensors = {"token_ids": pending.token_ids.clone()}
         if self._kv_transfer_config.get_from_extra_config("specdec_storage", "bf16") == "fp8":
             from hs_connectors.fp8_utils import SCALES_KEY, quantize_tensor_to_fp8  # noqa: PLC0415
 
             tensors["hidden_states"], tensors[SCALES_KEY] = quantize_tensor_to_fp8(hidden)
+        else:
+            tensors["hidden_states"] = hidden.to(torch.bfloat16)
         os.makedirs(os.path.dirname(pending.filename), exist_ok=True)
         lock_fd = self._lock_fds.pop(pending.req_id, None)
         if lock_fd is None and self.use_lock:
