@@ -9,6 +9,8 @@ Two facts more live in the description, written for the reader and read here:
 - a range, as the sentence ``Range [1, inf).`` (interval notation: ``[`` and ``]`` include the bound, ``(`` and
   ``)`` exclude it, ``inf`` has no bound);
 - a setting only one track reads starts its description with ``Current track - `` (or ``Patched track - ``).
+A number that null turns off and that has a default is declared ``type: raw`` with its range: Ansible's ``float``
+refuses null once the spec names a default, so the range check here also refuses anything but null or a number.
 ``inventory_problems`` checks the values an inventory sets against all of it and returns one line per problem.
 """
 
@@ -33,6 +35,18 @@ def _bound(value):
     return "inf" if value == math.inf else "-inf" if value == -math.inf else "%g" % value
 
 
+def _number_like(value):
+    """A number, or text that reads as one (-e key=value passes text)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float)):
+        return True
+    try:
+        return math.isfinite(float(value)) if isinstance(value, str) else False
+    except ValueError:
+        return False
+
+
 def _description(spec):
     desc = spec.get("description") or ""
     return " ".join(desc) if isinstance(desc, list) else str(desc)
@@ -54,6 +68,11 @@ class Setting:
                           math.inf if high == "inf" else float(high), found.group(4))
         track = TRACK.match(desc)
         self.track = track.group(1).lower() if track else None
+
+    def nullable_number(self):
+        """A number that null turns off: declared ``type: raw`` with a range (Ansible's ``float`` refuses null once
+        the spec has a default)."""
+        return self.spec.get("type") == "raw" and self.range is not None
 
     def range_text(self):
         opening, low, high, closing = self.range
@@ -164,7 +183,12 @@ def invalid_values(values, decl):
         for name in sorted(given):
             setting = decl.settings[name]
             value = result.validated_parameters.get(name, given[name])
-            if name not in bad and setting.out_of_range(value):
+            if name in bad:
+                continue
+            if setting.nullable_number() and value is not None and not _number_like(value):
+                problems.append(f"{name} is {value!r}; expected null (off) or a number in {setting.range_text()} "
+                                f"(role {role})")
+            elif setting.out_of_range(value):
                 problems.append(f"{name} is {value!r}; expected a value in {setting.range_text()} (role {role})")
     return problems
 

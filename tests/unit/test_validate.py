@@ -40,7 +40,7 @@ def test_a_kimi_inventory_on_a_host_without_a_gpu_gets_every_problem_at_once(ope
         # misspelt, misplaced, out of range, unknown to the role, not published
         eagle3_pipeline_epoch=5, eagle3_pipline_seq_length=1024, specdec_profle="kimi",
         eagle3_pipeline_hs_storage="fp8", eagle3_pipeline_epochs=-1, eagle3_pipeline_max_samples=-5,
-        eagle3_evaluate_top_p=1.5, speculators_version="0.5.0", vllm_install_mode="release", vllm_version="0.99.1"))
+        eagle3_evaluate_top_p=1.5, eagle3_evaluate_consistency_min_ratio="half", speculators_version="0.5.0", vllm_install_mode="release", vllm_version="0.99.1"))
     assert rc != 0
     header, problems = lines[0], lines[1:]
     assert header == f"kimi-k25: {len(problems)} problem(s); nothing was changed:", lines
@@ -53,6 +53,7 @@ def test_a_kimi_inventory_on_a_host_without_a_gpu_gets_every_problem_at_once(ope
         "eagle3_pipeline_epochs is -1; expected a value in [1, inf) (role eagle3_pipeline)",
         "eagle3_pipeline_max_samples is -5; expected a value in [0, inf) (role eagle3_pipeline)",
         "eagle3_evaluate_top_p is 1.5; expected a value in (0, 1] (role eagle3_evaluate)",
+        "eagle3_evaluate_consistency_min_ratio is 'half'; expected null (off) or a number in (0, 1] (role eagle3_evaluate)",
         "value of speculators_version must be one of: 0.3.0, 0.4.0, 0.4.0.1, got: 0.5.0 (role speculators)",
         "specdec_python_version is 3.12, but python3.12 does not run on this host",
         "eagle3_evaluate_python is python3.12, but python3.12 does not run on this host",
