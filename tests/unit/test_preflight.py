@@ -88,12 +88,18 @@ def preflight(*raw, inventory="kimi", **extra):
 def each_problem_once(cases, inventory="kimi", one_line_each=True, **base):
     """CASES ((overrides, expected line part), ...) refused in one run: the validate play reports every problem of a
     host at once, so independent bad values share a run (each run costs about 14 s of CPU on a slow CI machine).
-    Each expected part must be in exactly one of the report's lines, and the report must hold nothing else."""
-    overrides = dict(base)
+    An override is a dict of values, a `-e key=value` text, or a tuple of those. Each expected part must be in
+    exactly one of the report's lines, and the report must hold nothing else."""
+    overrides, raw = dict(base), []
     for extra, dummy in cases:
-        assert not set(extra) & set(overrides) - set(base), f"{extra} overlaps another case of the same run"
-        overrides.update(extra)
-    rc, failures = preflight(inventory=inventory, **overrides)
+        parts = extra if isinstance(extra, tuple) else (extra,)
+        texts = [x for x in parts if isinstance(x, str)]
+        values = {k: v for x in parts if isinstance(x, dict) for k, v in x.items()}
+        taken = set(overrides) - set(base) | {r.split("=", 1)[0] for r in raw}
+        assert not ({x.split("=", 1)[0] for x in texts} | set(values)) & taken, f"{extra} overlaps another case"
+        raw += texts
+        overrides.update(values)
+    rc, failures = preflight(*raw, inventory=inventory, **overrides)
     assert rc != 0
     assert len(failures) == len(cases), failures
     for dummy, expected in cases:
@@ -101,8 +107,23 @@ def each_problem_once(cases, inventory="kimi", one_line_each=True, **base):
     assert not one_line_each or not any("\n" in line.strip() for line in failures), failures
 
 
+def _names(extra):
+    parts = extra if isinstance(extra, tuple) else (extra,)
+    return [x.split("=", 1)[0] if isinstance(x, str) else k for x in parts for k in ([x] if isinstance(x, str) else x)]
+
+
 def cases_id(cases):
-    return "+".join(k for extra, dummy in cases for k in extra)
+    return "+".join(k for extra, dummy in cases for k in _names(extra))
+
+
+def evaluate_user_refused(user):
+    return (f"eagle3_evaluate_user is '{user}', but the pipeline runs as 'specdec' (eagle3_pipeline_user), whose run "
+            "directory the evaluate stage reads and writes: it must run as that user too. Remove eagle3_evaluate_user "
+            "from the inventory (it defaults to eagle3_pipeline_user) or set it to 'specdec'.")
+
+
+# With the tiny target off (the switch given as -e key=value text), a missing target path is refused.
+MISSING_TARGET = "eagle3_pipeline_target_path is '/nonexistent/model'; expected an existing model directory"
 
 
 @pytest.mark.parametrize("inventory", ["local", "local-vllm", "local-current"])
@@ -136,7 +157,10 @@ def test_connection_placeholders_stop_the_play_in_one_line():
      ({"specdec_gpu_count": 0}, "specdec_require_gpu is true but specdec_gpu_count is 0"),
      ({"specdec_gpu_compute_capability": "sm120"}, "specdec_gpu_compute_capability must look like 12.0"),
      ({"specdec_extra_ca_bundle": "ca.pem"}, "specdec_extra_ca_bundle must be empty or an absolute path")],
-    [({"specdec_require_gpu": False}, "specdec_install_driver is true while specdec_require_gpu is false")],
+    # The evaluate stage works in the pipeline user's run directory: as root (or a third account) it would act through
+    # whatever that user put there.
+    [({"specdec_require_gpu": False}, "specdec_install_driver is true while specdec_require_gpu is false"),
+     ({"eagle3_evaluate_user": ""}, evaluate_user_refused(""))],
     # Checked against the track's one declaration (the specdec role's argument spec: its choices).
     [({"specdec_track": "newest"}, "value of specdec_track must be one of: patched, current, got: newest")],
 ], ids=cases_id)
@@ -161,9 +185,11 @@ def test_an_inventory_without_a_track_is_refused_in_one_line(tmp_path):
 @pytest.mark.parametrize("cases", [
     [({"eagle3_pipeline_seq_length": 0}, "eagle3_pipeline_seq_length is 0; expected a value in [1, inf)"),
      ({"eagle3_pipeline_layer_ids": [2, 30, 58, 61]},
-      "extract.layer_ids [2, 30, 58, 61]: expected at least 2 layer indices in 0..60")],
+      "extract.layer_ids [2, 30, 58, 61]: expected at least 2 layer indices in 0..60"),
+     ({"eagle3_evaluate_user": "root"}, evaluate_user_refused("root"))],
     [({"eagle3_pipeline_seq_length": -5}, "eagle3_pipeline_seq_length is -5; expected a value in [1, inf)"),
-     ({"eagle3_pipeline_layer_ids": [7]}, "extract.layer_ids [7]: expected at least 2 layer indices in 0..60")],
+     ({"eagle3_pipeline_layer_ids": [7]}, "extract.layer_ids [7]: expected at least 2 layer indices in 0..60"),
+     ({"eagle3_evaluate_user": "alice"}, evaluate_user_refused("alice"))],
     [({"eagle3_pipeline_target_path": "/nonexistent/Kimi-K2.5"},
       "eagle3_pipeline_target_path is '/nonexistent/Kimi-K2.5'; expected an existing model directory")],
     [({"eagle3_pipeline_target_path": "models/kimi"},
@@ -190,7 +216,8 @@ def test_the_disk_check_counts_the_bytes_the_chosen_storage_writes(storage, refu
 
 def test_current_track_capture_ids_must_end_with_the_final_layer_in_preflight():
     # The pipeline's own rule (tracks/current/rules.py), applied before the stack stage: 60 is inside the target's
-    # 0..61, but the current track trains on the final layer's output, id 61.
+    # 0..61, but the current track trains on the final layer's output, id 61. (A run of its own: the disk estimate
+    # needs valid capture ids, so a refused one hides the disk check.)
     rc, failures = preflight(inventory="kimi-current", **dict(LOCAL, eagle3_pipeline_layer_ids=[2, 30, 58, 60]))
     assert rc != 0
     assert failures == ["extract.layer_ids [2, 30, 58, 60]: on the current track expected increasing vLLM "
@@ -221,20 +248,14 @@ def test_a_target_without_tokenizer_and_weights_is_refused():
 
 
 def test_layer_ids_given_as_key_value_text_get_one_line():
-    rc, failures = preflight("eagle3_pipeline_layer_ids=[2,300]", **LOCAL)
-    assert rc != 0
-    assert len(failures) == 1, failures
-    assert "eagle3_pipeline_layer_ids is the text '[2,300]'" in failures[0]
-    assert "argument_spec" not in failures[0]
-
-
-@pytest.mark.parametrize(("value", "refused"), [("false", True), ("False", True), ("no", True), ("true", False)])
-def test_build_tiny_target_given_as_key_value_text_acts_as_a_boolean(value, refused):
-    # With the tiny target off, a missing target path is refused; with it on, the target path is not checked.
-    rc, failures = preflight(f"eagle3_pipeline_build_tiny_target={value}",
+    # In the same run, the tiny target's switch given as the text "no" acts as false: the missing target is refused.
+    rc, failures = preflight("eagle3_pipeline_layer_ids=[2,300]", "eagle3_pipeline_build_tiny_target=no",
                              **dict(LOCAL, eagle3_pipeline_target_path="/nonexistent/model"))
-    assert (rc != 0) == refused, failures
-    assert bool(failures) == refused
+    assert rc != 0
+    assert len(failures) == 2, failures
+    assert [f for f in failures if f.startswith(MISSING_TARGET)], failures
+    text = [f for f in failures if "eagle3_pipeline_layer_ids is the text '[2,300]'" in f]
+    assert len(text) == 1 and "argument_spec" not in text[0], failures
 
 
 @pytest.mark.parametrize("cases", [
@@ -253,33 +274,23 @@ def test_build_tiny_target_given_as_key_value_text_acts_as_a_boolean(value, refu
       "current.server_args (eagle3_pipeline_server_args) contains '--port=9000'"),
      # The validate entry point has the role's argument spec: a wrong type is refused in preflight.
      ({"eagle3_pipeline_epochs": "many"}, "eagle3_pipeline_epochs")],
-    [({"specdec_profile": "kimi k2.5"}, "specdec_profile is 'kimi k2.5'; expected one name")],
-    [({"specdec_profile": "../../etc"}, "specdec_profile is '../../etc'; expected one name")],
+    # The tiny target's switch given as -e key=value text acts as a boolean: off, the missing target path is refused.
+    [({"specdec_profile": "kimi k2.5"}, "specdec_profile is 'kimi k2.5'; expected one name"),
+     (("eagle3_pipeline_build_tiny_target=False", {"eagle3_pipeline_target_path": "/nonexistent/model"}),
+      MISSING_TARGET)],
+    [({"specdec_profile": "../../etc"}, "specdec_profile is '../../etc'; expected one name"),
+     (("eagle3_pipeline_build_tiny_target=false", {"eagle3_pipeline_target_path": "/nonexistent/model"}),
+      MISSING_TARGET)],
 ], ids=cases_id)
 def test_low_level_bad_input_gets_one_line_in_preflight(cases):
     each_problem_once(cases, **LOCAL)
 
 
-def test_harmless_server_args_pass():
-    rc, failures = preflight(**dict(LOCAL, eagle3_pipeline_server_args=["--enforce-eager", "--hostname-ish"],
-                                    eagle3_pipeline_gpu_memory_utilization=1.0))
-    assert (rc, failures) == (0, [])
-
-
-@pytest.mark.parametrize("evaluate_user", ["", "root", "alice"])
-def test_an_evaluate_user_other_than_the_pipeline_user_is_refused_in_one_line(evaluate_user):
-    # The evaluate stage works in the pipeline user's run directory: as root (or a third account) it would act
-    # through whatever that user put there.
-    rc, failures = preflight(**dict(LOCAL, eagle3_evaluate_user=evaluate_user))
-    assert rc != 0
-    assert failures == [
-        f"eagle3_evaluate_user is '{evaluate_user}', but the pipeline runs as 'specdec' (eagle3_pipeline_user), "
-        "whose run directory the evaluate stage reads and writes: it must run as that user too. Remove "
-        "eagle3_evaluate_user from the inventory (it defaults to eagle3_pipeline_user) or set it to 'specdec'."], failures
-
-
-def test_the_evaluate_user_may_name_the_pipeline_user():
-    rc, failures = preflight(**dict(LOCAL, eagle3_evaluate_user="specdec"))
+def test_harmless_server_args_the_pipeline_user_and_the_tiny_target_switched_on_as_text_pass():
+    # With the tiny target on (the switch's text "true"), the target path is not checked.
+    rc, failures = preflight("eagle3_pipeline_build_tiny_target=true", **dict(
+        LOCAL, eagle3_pipeline_server_args=["--enforce-eager", "--hostname-ish"], eagle3_pipeline_gpu_memory_utilization=1.0,
+        eagle3_evaluate_user="specdec", eagle3_pipeline_target_path="/nonexistent/model"))
     assert (rc, failures) == (0, [])
 
 
@@ -309,16 +320,14 @@ def foreign_dir():
 
 
 @pytest.mark.skipif(__import__("os").geteuid() != 0, reason="the ownership rules apply to root runs")
-@pytest.mark.parametrize("var", ["specdec_venv_path", "eagle3_evaluate_venv_path"])
-def test_a_venv_below_a_directory_of_another_account_is_refused_in_one_line(foreign_dir, var):
+def test_a_venv_below_a_directory_of_another_account_is_refused_in_one_line(foreign_dir):
     base, theirs, uid = foreign_dir
-    venv = theirs / "ml-env"
-    rc, failures = preflight(**dict(LOCAL, **{var: str(venv)}))
-    assert rc != 0
-    assert failures == [
-        f"{var} is {venv}, and this run is root: {theirs} is owned by uid {uid}, not root (mode 755), so another "
-        f"account could change what root runs from this venv. Make root own it (chown root {theirs}), then run "
-        "again."], failures
+    each_problem_once([({var: str(theirs / name)},
+                        f"{var} is {theirs / name}, and this run is root: {theirs} is owned by uid {uid}, not root (mode "
+                        f"755), so another account could change what root runs from this venv. Make root own it (chown "
+                        f"root {theirs}), then run again.")
+                       for var, name in (("specdec_venv_path", "ml-env"), ("eagle3_evaluate_venv_path", "eval-env"))],
+                      **LOCAL)
 
 
 @pytest.mark.skipif(__import__("os").geteuid() != 0, reason="the ownership rules apply to root runs")
