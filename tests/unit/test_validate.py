@@ -40,7 +40,8 @@ def test_a_kimi_inventory_on_a_host_without_a_gpu_gets_every_problem_at_once(ope
         # misspelt, misplaced, out of range, unknown to the role, not published
         eagle3_pipeline_epoch=5, eagle3_pipline_seq_length=1024, specdec_profle="kimi",
         eagle3_pipeline_hs_storage="fp8", eagle3_pipeline_epochs=-1, eagle3_pipeline_max_samples=-5,
-        eagle3_evaluate_top_p=1.5, eagle3_evaluate_consistency_min_ratio="half", speculators_version="0.5.0", vllm_install_mode="release", vllm_version="0.99.1"))
+        eagle3_evaluate_top_p=1.5, eagle3_evaluate_consistency_min_ratio="half", speculators_version="0.5.0",
+        vllm_install_mode="release", vllm_version="0.99.1"))
     assert rc != 0
     header, problems = lines[0], lines[1:]
     assert header == f"kimi-k25: {len(problems)} problem(s); nothing was changed:", lines
