@@ -126,6 +126,9 @@ def evaluate_user_refused(user):
 MISSING_TARGET = "eagle3_pipeline_target_path is '/nonexistent/model'; expected an existing model directory"
 
 
+@pytest.mark.skipif(os.environ.get("SPECDEC_UNIT_ALL") != "1",
+                    reason="CI runs these validate plays for real (README command 1 on inventory/local, the local_vllm "
+                           "and current checks); SPECDEC_UNIT_ALL=1 runs them here")
 @pytest.mark.parametrize("inventory", ["local", "local-vllm", "local-current"])
 def test_the_shipped_local_profiles_pass_as_they_are(inventory):
     # The profiles name this CI machine's Python 3.11; elsewhere (the 2.21 controller's trixie has 3.13) the
