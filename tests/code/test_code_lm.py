@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.optin import opt_in
+
 ROOT = Path(__file__).resolve().parents[2]
 CODE_LM = Path(os.environ.get("SPECDEC_CODE_LM") or ROOT.parent / "shared" / "models" / "code-lm-16m")
 WORK = Path.home() / ".local" / "share" / "specdec-eagle3-code" / "work" / "runs"
@@ -159,9 +161,8 @@ UPGRADE = ["-e", "eagle3_evaluate_install=true", "-e", f"eagle3_evaluate_venv_pa
 ONLY_TRAINED = ["-e", "eagle3_evaluate_baseline=false", "-e", "eagle3_evaluate_control=false",
                 "-e", "eagle3_evaluate_require_beats_control=false", "-e", "eagle3_evaluate_ngram=false"]
 
-UPGRADE_ON = pytest.mark.skipif(os.environ.get("SPECDEC_CODE_UPGRADE") != "1",
-                                reason="the comparison after a vLLM change runs with SPECDEC_CODE_UPGRADE=1 (two "
-                                       "evaluate runs and a second vLLM: CI time)")
+UPGRADE_ON = opt_in("SPECDEC_CODE_UPGRADE",
+                    "the comparison after a vLLM change costs two evaluate runs and a second vLLM (CI time)")
 
 
 @UPGRADE_ON

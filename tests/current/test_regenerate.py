@@ -30,6 +30,7 @@ from test_current_track import (
     venv_python,
     write_config,
 )
+from tests.support.optin import opt_in
 
 REGEN = {"enabled": True, "max_tokens": 12, "concurrency": 1}
 SAMPLES = 8
@@ -159,10 +160,9 @@ def test_evaluate_refuses_bad_prompts_in_one_line_before_any_server_starts(tmp_p
     assert not run_dir.exists()  # no server log, no results: nothing was started or written
 
 
-@pytest.mark.skipif(os.environ.get("SPECDEC_CURRENT_REGENERATE_KILL") != "1",
-                    reason="four vLLM server starts (about 330 s of CI's 2 cores): runs with "
-                           "SPECDEC_CURRENT_REGENERATE_KILL=1; the ledger's resume after SIGKILL is tested on the "
-                           "extraction here and in tests/pipeline")
+@opt_in("SPECDEC_CURRENT_REGENERATE_KILL",
+        "four vLLM server starts (about 330 s of CI's 2 cores); the ledger's resume after SIGKILL is tested on the "
+        "extraction here and in tests/pipeline")
 def test_sigkill_during_regenerate_resumes_exactly_and_a_changed_temperature_regenerates_beside(tmp_path):
     """One run, two kills (one test: each kill and resume costs two server starts). A SIGKILL mid-regenerate, then
     the resume answers only what is left; unchanged, a re-run starts no server; with a new temperature the answers

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import playbook_json
 import pytest
+
+from tests.support.optin import opt_in
 # The interpreters the venvs are built from: this machine's (preflight refuses a python3.12 that does not run).
 LOCAL = {"ansible_host": "localhost", "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
          "ml_venv_python": sys.executable, "eagle3_evaluate_python": sys.executable,
@@ -85,6 +87,17 @@ def preflight(*raw, inventory="kimi", **extra):
     return rc, report or stops or (other[-1:] if rc else [])
 
 
+def _parts(extra):
+    """One case's override as (its -e key=value texts, its values): a dict, a text, or a tuple of those."""
+    parts = extra if isinstance(extra, tuple) else (extra,)
+    return [x for x in parts if isinstance(x, str)], {k: v for x in parts if isinstance(x, dict) for k, v in x.items()}
+
+
+def _names(extra):
+    texts, values = _parts(extra)
+    return [x.split("=", 1)[0] for x in texts] + list(values)
+
+
 def each_problem_once(cases, inventory="kimi", one_line_each=True, **base):
     """CASES ((overrides, expected line part), ...) refused in one run: the validate play reports every problem of a
     host at once, so independent bad values share a run (each run costs about 14 s of CPU on a slow CI machine).
@@ -92,11 +105,9 @@ def each_problem_once(cases, inventory="kimi", one_line_each=True, **base):
     exactly one of the report's lines, and the report must hold nothing else."""
     overrides, raw = dict(base), []
     for extra, dummy in cases:
-        parts = extra if isinstance(extra, tuple) else (extra,)
-        texts = [x for x in parts if isinstance(x, str)]
-        values = {k: v for x in parts if isinstance(x, dict) for k, v in x.items()}
+        texts, values = _parts(extra)
         taken = set(overrides) - set(base) | {r.split("=", 1)[0] for r in raw}
-        assert not ({x.split("=", 1)[0] for x in texts} | set(values)) & taken, f"{extra} overlaps another case"
+        assert not set(_names(extra)) & taken, f"{extra} overlaps another case"
         raw += texts
         overrides.update(values)
     rc, failures = preflight(*raw, inventory=inventory, **overrides)
@@ -107,9 +118,6 @@ def each_problem_once(cases, inventory="kimi", one_line_each=True, **base):
     assert not one_line_each or not any("\n" in line.strip() for line in failures), failures
 
 
-def _names(extra):
-    parts = extra if isinstance(extra, tuple) else (extra,)
-    return [x.split("=", 1)[0] if isinstance(x, str) else k for x in parts for k in ([x] if isinstance(x, str) else x)]
 
 
 def cases_id(cases):
@@ -126,9 +134,8 @@ def evaluate_user_refused(user):
 MISSING_TARGET = "eagle3_pipeline_target_path is '/nonexistent/model'; expected an existing model directory"
 
 
-@pytest.mark.skipif(os.environ.get("SPECDEC_UNIT_ALL") != "1",
-                    reason="CI runs these validate plays for real (README command 1 on inventory/local, the local_vllm "
-                           "and current checks); SPECDEC_UNIT_ALL=1 runs them here")
+@opt_in("SPECDEC_UNIT_ALL", "CI runs these validate plays for real (README command 1 on inventory/local, the "
+                           "local_vllm and current checks)")
 @pytest.mark.parametrize("inventory", ["local", "local-vllm", "local-current"])
 def test_the_shipped_local_profiles_pass_as_they_are(inventory):
     # The profiles name this CI machine's Python 3.11; elsewhere (the 2.21 controller's trixie has 3.13) the
