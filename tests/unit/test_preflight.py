@@ -118,8 +118,6 @@ def each_problem_once(cases, inventory="kimi", one_line_each=True, **base):
     assert not one_line_each or not any("\n" in line.strip() for line in failures), failures
 
 
-
-
 def cases_id(cases):
     return "+".join(k for extra, dummy in cases for k in _names(extra))
 
@@ -135,7 +133,7 @@ MISSING_TARGET = "eagle3_pipeline_target_path is '/nonexistent/model'; expected 
 
 
 @opt_in("SPECDEC_UNIT_ALL", "CI runs these validate plays for real (README command 1 on inventory/local, the "
-                           "local_vllm and current checks)")
+                            "local_vllm and current checks)")
 @pytest.mark.parametrize("inventory", ["local", "local-vllm", "local-current"])
 def test_the_shipped_local_profiles_pass_as_they_are(inventory):
     # The profiles name this CI machine's Python 3.11; elsewhere (the 2.21 controller's trixie has 3.13) the
