@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from test_serve import LITTLE, alive
 
-from specdec_pipeline import evaluate, evaluate_measure, metrics, serve
+from specdec_pipeline import evaluate, evaluate_measure, metrics, serve, server_args
 from specdec_pipeline.tracks.current.backends import server as current_server
 from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.serve import ServeError, VllmServer, free_port
@@ -245,7 +245,7 @@ def test_a_request_count_that_differs_names_both_numbers():
     (["--tensor-parallel-size", "8", "--trust-remote-code", "--hf-overrides", "{}", "--api-server-count", "1"], None),
 ])
 def test_server_args_that_set_host_port_or_key_are_named(args, bad):
-    assert serve.owned_arg(args) == bad
+    assert server_args.owned_arg(args) == bad
 
 
 def test_evaluate_config_refuses_host_in_server_args(tmp_path):

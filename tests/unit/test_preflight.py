@@ -280,6 +280,9 @@ def test_layer_ids_given_as_key_value_text_get_one_line():
       "eagle3_pipeline_gpu_memory_utilization is 0.0; expected a value in (0, 1]"),
      ({"eagle3_pipeline_server_args": ["--enforce-eager", "--port=9000"]},
       "current.server_args (eagle3_pipeline_server_args) contains '--port=9000'"),
+     # vLLM takes unique abbreviations: the rule (specdec_pipeline/server_args.py) is the one the stage applies.
+     ({"eagle3_evaluate_server_args": ["--max-model-len", "512", "--ho=0.0.0.0"]},
+      "eagle3_evaluate_server_args is [\"--max-model-len\", \"512\", \"--ho=0.0.0.0\"]; '--ho=0.0.0.0' sets where"),
      # The validate entry point has the role's argument spec: a wrong type is refused in preflight.
      ({"eagle3_pipeline_epochs": "many"}, "eagle3_pipeline_epochs")],
     # The tiny target's switch given as -e key=value text acts as a boolean: off, the missing target path is refused.

@@ -63,7 +63,7 @@ from specdec_pipeline.evaluate_record import (
 )
 from specdec_pipeline.fsutil import read_json, write_json
 from specdec_pipeline.progress import Progress
-from specdec_pipeline.serve import TRUST_ARG, owned_arg
+from specdec_pipeline.server_args import TRUST_ARG, owned_arg
 
 DEFAULTS = {
     "run_dir": None,             # the pipeline run: reads export/, prepare/heldout.jsonl, manifests/

@@ -20,14 +20,13 @@ from specdec_pipeline.errors import PipelineError
 from specdec_pipeline.fsutil import atomic_path, read_json, sha256_file, sha256_json, write_json
 from specdec_pipeline.serve import (
     SERVED_NAME,
-    TRUST_ARG,
     HttpError,
     NoAnswer,
     VllmServer,
     free_port,
-    owned_arg,
     vllm_argv,
 )
+from specdec_pipeline.server_args import TRUST_ARG, owned_arg
 
 
 NGRAM = "ngram"  # vLLM's prompt-lookup speculation: a variant without a draft model

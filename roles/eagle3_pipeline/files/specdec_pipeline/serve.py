@@ -83,7 +83,7 @@ GUARD_PROBE_PATH = "/invocations"
 def vllm_argv(python, model, port, *, served_name=SERVED_NAME, wrapper=()):
     """The start of a vLLM server's command line: WRAPPER, PYTHON -m the OpenAI server, the model, its served name,
     host 127.0.0.1, PORT and the guard (SERVER_GUARD; VllmServer puts this package on the server's PYTHONPATH).
-    The caller appends its options; OWNED_ARGS are never among them (owned_arg)."""
+    The caller appends its options; server_args.OWNED_ARGS are never among them."""
     return [*map(str, wrapper), str(python), "-m", SERVER_MODULE, "--model", str(model), "--served-model-name",
             served_name, "--host", HOST, "--port", str(port), "--middleware", SERVER_GUARD]
 
@@ -131,23 +131,6 @@ def get_text(url, timeout=30, headers=None):
 def bearer(api_key):
     """The Authorization header for API_KEY (none when empty)."""
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
-# Server arguments the collection sets itself: where the server listens and its key. A user's value would expose
-# the server (--host 0.0.0.0) or replace the per-server key; vLLM accepts unique abbreviations and '_' for '-'.
-OWNED_ARGS = ("--host", "--port", "--uds", "--api-key")
-TRUST_ARG = "--trust-remote-code"  # a stage's own switch adds it (never a user's server arguments alone)
-
-
-def owned_arg(args, owned_args=OWNED_ARGS):
-    """The first of ARGS that sets one of OWNED_ARGS (e.g. '--host=0.0.0.0'), or None."""
-    for arg in map(str, args or []):
-        if not arg.startswith("--") or len(arg) < 4:
-            continue
-        name = arg.split("=", 1)[0].replace("_", "-")
-        if any(owned.startswith(name) for owned in owned_args):
-            return arg
-    return None
 
 
 def listeners(port):

@@ -18,7 +18,8 @@ import sys
 
 from specdec_pipeline import config, remote_code
 from specdec_pipeline.errors import PipelineError
-from specdec_pipeline.serve import VllmServer, free_port, owned_arg, vllm_argv
+from specdec_pipeline.serve import VllmServer, free_port, vllm_argv
+from specdec_pipeline.server_args import owned_arg
 
 LAUNCHER = "specdec_pipeline.vllm_launch"  # the server ends with the pipeline, even on SIGKILL
 SECTION = "current"
