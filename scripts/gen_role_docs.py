@@ -63,8 +63,22 @@ def _roles() -> list[str]:
                   key=lambda r: (ORDER.index(r) if r in ORDER else len(ORDER), r))
 
 
+class SpecError(Exception):
+    """A role's argument_specs.yml that cannot be read as one: the message names the file and what to fix."""
+
+
 def _spec(role: str) -> dict:
-    return yaml.safe_load((ROOT / "roles" / role / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]
+    path = ROOT / "roles" / role / "meta" / "argument_specs.yml"
+    try:
+        return yaml.safe_load(path.read_text())["argument_specs"]["main"]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise SpecError(f"{path.relative_to(ROOT)}{where}: not valid YAML ({getattr(exc, 'problem', None) or exc}); "
+                        "fix it, then run scripts/gen-role-docs") from None
+    except (TypeError, KeyError):
+        raise SpecError(f"{path.relative_to(ROOT)}: expected argument_specs.main (the role's entry point); "
+                        "fix it, then run scripts/gen-role-docs") from None
 
 
 def _table(options: dict, fmt) -> list[str]:
@@ -161,4 +175,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except SpecError as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(2)
