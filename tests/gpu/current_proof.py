@@ -569,10 +569,10 @@ def phase_eval_shifted() -> None:
 
 
 def _variant(spec: str) -> tuple[str, dict]:
-    name, _, items = spec.strip().partition(":")
+    name, _sep, items = spec.strip().partition(":")
     over = {}
     for item in filter(None, items.split(",")):
-        key, _, value = item.partition("=")
+        key, _sep, value = item.partition("=")
         over[key.strip()] = json.loads(value)
     return name, over
 
