@@ -37,7 +37,8 @@ Results: $CURRENT_PROOF_OUT/current_proof.json (rows and figures), written after
 Environment: CODE_LM (the code LM directory), CURRENT_PROOF_OUT, CURRENT_PROOF_DEVICE (cuda | cpu: a rehearsal
 with vLLM's CPU build), CURRENT_PROOF_SAMPLES (400), CURRENT_PROOF_EPOCHS (3), CURRENT_PROOF_PROMPTS (64),
 CURRENT_PROOF_MAX_TOKENS (128), CURRENT_PROOF_CONCURRENCY ("1,8,32"), CURRENT_PROOF_PHASES (all),
-CURRENT_PROOF_DEADLINE_S (no limit), CURRENT_PROOF_SEQ (512), KIMI_TARGET (the mini-Kimi directory),
+CURRENT_PROOF_DEADLINE_S (no limit; checked before each phase in CURRENT_PROOF_DEADLINE_PHASES, default
+all), CURRENT_PROOF_SEQ (512), KIMI_TARGET (the mini-Kimi directory),
 CURRENT_PROOF_EAGER (1: every server --enforce-eager; 0: CUDA graphs and torch.compile as vLLM defaults),
 CURRENT_PROOF_TRAIN_SWEEP ("2048:2,16384:2,16384:8,65536:8"), CURRENT_PROOF_DRAFTS (the algorithms code-fp8 trains
 from its one extraction, "eagle3"; "eagle3,dflash" adds a DFlash draft measured beside it), CURRENT_PROOF_DFLASH
@@ -88,6 +89,8 @@ PHASES = os.environ.get("CURRENT_PROOF_PHASES",
 KIMI_TARGET = Path(os.environ["KIMI_TARGET"]).resolve() if os.environ.get("KIMI_TARGET") else None
 KIMI_IDS = [2, 4, 5, 8]  # capture ids of the mini-Kimi's 8 text layers (inventory/local-kimi's)
 DEADLINE = float(os.environ.get("CURRENT_PROOF_DEADLINE_S", "0")) or None
+# the phases the deadline may skip (default: every phase); e.g. "recipe" keeps eval-stage whatever the time
+DEADLINE_PHASES = {p for p in os.environ.get("CURRENT_PROOF_DEADLINE_PHASES", "").split(",") if p} or None
 SEQ = int(os.environ.get("CURRENT_PROOF_SEQ", "512"))
 EAGER = os.environ.get("CURRENT_PROOF_EAGER", "1") == "1"
 TRAIN_SWEEP = [tuple(int(x) for x in v.split(":")) for v in
@@ -931,7 +934,7 @@ def main() -> int:
                 state["phases"][name] = "skipped: KIMI_TARGET is not set (tests/gpu/fetch-current carries it when given)"
                 save()
                 continue
-            if DEADLINE and elapsed() > DEADLINE:
+            if DEADLINE and elapsed() > DEADLINE and (DEADLINE_PHASES is None or name in DEADLINE_PHASES):
                 state["phases"][name] = f"skipped at {elapsed()} s (deadline {DEADLINE:g} s)"
                 save()
                 continue
