@@ -21,6 +21,7 @@ sys.dont_write_bytecode = True
 
 from specdec_pipeline import STEPS, evaluate, evaluate_drafts, evaluate_record, report_evaluate, tracks  # noqa: E402
 from specdec_pipeline.errors import PipelineError  # noqa: E402
+from tests.support import pipeline_cli  # noqa: E402 - the pipeline's command line, as every test runs it
 
 BASE = {"track": "current", "target": {"path": "/models/tiny"}, "dataset": {"source": "conversations.jsonl"},
         "train": {"total_seq_len": 256}, "current": {"device": "cpu"}}
@@ -106,8 +107,7 @@ def test_a_bad_draft_setting_is_one_line_before_anything_runs(tmp_path, over, sa
     path.write_text(json.dumps(raw(tmp_path, **over)))
     env = {"PYTHONPATH": str(FILES), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     for command in ("plan", "run", "validate"):
-        proc = subprocess.run([sys.executable, "-B", "-m", "specdec_pipeline", str(path), command], env=env, text=True,
-                              capture_output=True, check=False, timeout=120)
+        proc = pipeline_cli.run(path, command, env=env, timeout=120)
         lines = [x for x in proc.stderr.splitlines() if x.strip()]
         assert proc.returncode == 2 and len(lines) == 1, (command, proc.stdout, proc.stderr)
         assert lines[0].startswith(f"ERROR: {path}: ") and says in lines[0], lines
