@@ -1,52 +1,58 @@
-"""The export's check of the vocabulary mapping (tracks/current/export.py check_export) on real safetensors files:
-a draft over the target's whole vocabulary carries no d2t/t2d (speculators 0.9 stores none, vLLM reads none), a
-pruned draft must carry the vocab step's own mapping."""
+"""The export's check of the vocabulary mapping (tracks/current/export.py check_export) on real safetensors files,
+in the current track's venv (torch, safetensors): a draft over the target's whole vocabulary carries no d2t/t2d
+(speculators 0.9 stores none, vLLM reads none), a pruned draft must carry the vocab step's own mapping."""
 
-import sys
-from pathlib import Path
+import json
 
 import pytest
+from test_current_track import pytestmark  # noqa: F401 pylint: disable=unused-import
+from test_current_track import venv_python
 
-torch = pytest.importorskip("torch", reason="the current track's venv has torch (scripts/test-current-track)")
-safetensors_torch = pytest.importorskip("safetensors.torch")
+CASE = """
+import json, sys, tempfile
+import torch
+from safetensors.torch import save_file
+from specdec_pipeline.tracks.current.export import check_export
 
-FILES = Path(__file__).resolve().parents[2] / "roles" / "eagle3_pipeline" / "files"
-if str(FILES) not in sys.path:
-    sys.path.insert(0, str(FILES))
-from specdec_pipeline.tracks.current.export import check_export  # noqa: E402
-
-CONF = {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]}
-TARGET_VOCAB = 16
-
-
-def mapping(draft_vocab):
-    d2t = torch.zeros(draft_vocab, dtype=torch.long)  # offsets: draft id + d2t = target id
-    t2d = torch.zeros(TARGET_VOCAB, dtype=torch.bool)
-    t2d[:draft_vocab] = True
-    return d2t, t2d
-
-
-def weights(tmp_path, **extra):
-    path = tmp_path / "model.safetensors"
-    safetensors_torch.save_file({"fc.weight": torch.zeros(2, 2), **extra}, str(path))
-    return path
-
-
-def test_a_draft_of_the_whole_vocabulary_needs_no_mapping(tmp_path):
-    d2t, t2d = mapping(TARGET_VOCAB)
-    check_export(weights(tmp_path), CONF, [1, 3, 4], d2t, t2d)
-    check_export(weights(tmp_path, d2t=d2t, t2d=t2d), CONF, [1, 3, 4], d2t, t2d)  # an identity mapping kept: equal
+draft_vocab, stored, shift = json.loads(sys.argv[1])
+d2t = torch.zeros(draft_vocab, dtype=torch.long)  # offsets: draft id + d2t = target id
+t2d = torch.zeros(16, dtype=torch.bool)  # a target vocabulary of 16
+t2d[:draft_vocab] = True
+tensors = {"fc.weight": torch.zeros(2, 2)}
+if stored:
+    kept = d2t.clone()
+    kept[0] += shift
+    tensors.update(d2t=kept, t2d=t2d)
+with tempfile.TemporaryDirectory() as tmp:
+    save_file(tensors, tmp + "/model.safetensors")
+    try:
+        check_export(tmp + "/model.safetensors", {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]}, [1, 3, 4], d2t, t2d)
+        print("accepted")
+    except ValueError as exc:
+        print("refused:", exc)
+"""
 
 
-def test_a_pruned_draft_without_its_mapping_is_refused(tmp_path):
-    d2t, t2d = mapping(8)
-    with pytest.raises(ValueError, match="no d2t tensor"):
-        check_export(weights(tmp_path), CONF, [1, 3, 4], d2t, t2d)
+def check(draft_vocab, stored, shift=0):
+    """What check_export says of a draft of DRAFT_VOCAB tokens (of 16) whose weights hold a mapping (STORED), its
+    first offset moved by SHIFT."""
+    return venv_python(CASE.replace("sys.argv[1]", repr(json.dumps([draft_vocab, stored, shift])))).strip()
 
 
-def test_a_pruned_draft_with_another_mapping_is_refused(tmp_path):
-    d2t, t2d = mapping(8)
-    other = d2t.clone()
-    other[0] = 3
-    with pytest.raises(ValueError, match="differ from the vocab step's mapping"):
-        check_export(weights(tmp_path, d2t=other, t2d=t2d), CONF, [1, 3, 4], d2t, t2d)
+@pytest.mark.parametrize("stored", [False, True], ids=["no-mapping", "identity-kept"])
+def test_a_draft_of_the_whole_vocabulary_needs_no_mapping(stored):
+    assert check(16, stored) == "accepted"
+
+
+def test_a_pruned_draft_without_its_mapping_is_refused():
+    out = check(8, False)
+    assert out.startswith("refused:") and "no d2t tensor" in out, out
+
+
+def test_a_pruned_draft_with_another_mapping_is_refused():
+    out = check(8, True, shift=3)
+    assert out.startswith("refused:") and "differ from the vocab step's mapping" in out, out
+
+
+def test_a_pruned_draft_with_its_own_mapping_is_accepted():
+    assert check(8, True) == "accepted"
