@@ -639,16 +639,16 @@ def recipe_row(run: Path, res: dict, base: dict, over: dict | None = None) -> di
     """One recipe row: the variant's settings, validation per epoch, vocabulary coverage, and per prompt set the
     served AL, per-position acceptance and speed-up at each concurrency against BASE's target alone, beside
     BASE's n-gram AL."""
-    tr = manifest(run, "train")["counts"]
+    val = manifest(run, "train")["counts"].get("validation") or {}
     row = {"settings": over or {}, "coverage": manifest(run, "vocab")["counts"].get("coverage"),
-           "best_epoch": tr.get("validation", {}).get("best_epoch"),
-           "per_epoch_expected_al": {k: v.get("expected_al") for k, v in
-                                     tr.get("validation", {}).get("per_epoch", {}).items()},
+           "best_epoch": val.get("best_epoch"),
+           "per_epoch_expected_al": {k: v.get("expected_al") for k, v in val.get("per_epoch", {}).items()},
            "sets": {}}
     for name, got in res["sets"].items():
         trained = got["variants"].get("trained") or {}
-        alone = base["sets"].get(name, {}).get("variants", {}).get("baseline", {}).get("by_concurrency", {})
-        ngram = base["sets"].get(name, {}).get("variants", {}).get("ngram", {})
+        others = base["sets"].get(name, {}).get("variants", {})
+        alone = others.get("baseline", {}).get("by_concurrency", {})
+        ngram = others.get("ngram", {})
         speed = {}
         for conc, fig in (trained.get("by_concurrency") or {}).items():
             if conc in alone and alone[conc].get("output_tokens_per_s"):
