@@ -19,16 +19,22 @@ STRATEGIES = ("first-index", "unsafe-first-match", "unsafe-best-match")
 # What the user can set, named once for every message.
 SET_STRATEGY = "ml_venv_index_strategy"
 SET_FIND_LINKS = "ml_venv_find_links"
+SET_WHEELHOUSE = "specdec_wheelhouse"
 
 
 class Sources:
     """The package sources of one uv call: indexes in uv's order of priority, find-links folders, the strategy."""
 
-    def __init__(self, indexes, find_links, strategy, no_index=False):
+    def __init__(self, indexes, find_links, strategy, no_index=False, offline=False):
         self.indexes = indexes
         self.find_links = find_links
         self.strategy = strategy
         self.no_index = no_index
+        self.offline = offline
+
+    def wheelhouse(self):
+        """Whether this is the ml_venv role's wheelhouse mode: offline, no index, the wheelhouse as find-links."""
+        return self.offline and self.no_index and bool(self.find_links)
 
     def describe(self):
         """`indexes A, B (first-index); find-links C` - the sources as one clause."""
@@ -51,7 +57,7 @@ def sources_of(args, env):
     uv asks the extra indexes first, in the order given, and the default index (--index-url, PyPI unless set) last;
     arguments win over the environment, as in uv.
     """
-    default, extras, links, strategy, no_index = None, [], [], None, False
+    default, extras, links, strategy, no_index, offline = None, [], [], None, False, False
     pending = None
     for arg in args:
         if pending:
@@ -73,17 +79,20 @@ def sources_of(args, env):
             strategy = value
         elif name == "--no-index":
             no_index = True
+        elif name == "--offline":
+            offline = True
     if default is None:
         default = env.get("UV_DEFAULT_INDEX") or env.get("UV_INDEX_URL") or PYPI
     extras = extras or _split(env.get("UV_INDEX")) + _split(env.get("UV_EXTRA_INDEX_URL"))
     links = links or _split(env.get("UV_FIND_LINKS"))
     strategy = strategy or env.get("UV_INDEX_STRATEGY") or "first-index"
     no_index = no_index or env.get("UV_NO_INDEX", "").lower() in ("1", "true", "yes", "on")
+    offline = offline or env.get("UV_OFFLINE", "").lower() in ("1", "true", "yes", "on")
     indexes = []
     for url in extras + [default]:
         if url not in indexes:
             indexes.append(url)
-    return Sources(indexes, links, strategy, no_index)
+    return Sources(indexes, links, strategy, no_index, offline)
 
 
 def _sentence(text):
@@ -109,6 +118,8 @@ def failure_line(stderr, target, sources):
     because = re.search(r"Because (.+?)(?:, we can conclude that .*?unsatisfiable)?\.(?:\s|$)", text)
     if "No solution found" in text and because:
         reason = because.group(1)
+        if sources.wheelhouse():
+            return _wheelhouse_line(reason, target, sources)
         hint = re.search(r"hint: `([^`]+)` was found on (\S+?), but not at the requested version \(([^)]+)\)", text)
         if hint:
             package, index, wanted = hint.groups()
@@ -131,6 +142,17 @@ def failure_line(stderr, target, sources):
         return f"uv could not install into {target}: {detail}. Sources: {where}."
     last = next((ln.strip() for ln in reversed(stderr.splitlines()) if ln.strip()), "no message")
     return f"uv could not install into {target}: {last}. Sources: {where}."
+
+
+def _wheelhouse_line(reason, target, sources):
+    """A resolution that failed with the wheelhouse as the only source: the requirement it lacks a wheel for."""
+    folder = ", ".join(dict.fromkeys(sources.find_links))
+    absent = re.search(r"(\S+) was not found in the provided package locations", reason)
+    wanted = re.search(r"you require (.+?)(?:,| and |$)", reason)
+    missing = absent.group(1) if absent else (wanted.group(1) if wanted else reason)
+    return (f"the wheelhouse {folder} ({SET_WHEELHOUSE}) has no wheel for {missing}, which installing into {target} "
+            f"needs ({reason}); nothing was installed. Add a wheel of {missing} for this host's Python and platform "
+            f"to {folder} with its line in SHA256SUMS, then run again.")
 
 
 CHANGED = re.compile(r"^\s*(Would )?(Installed|Uninstalled|install|uninstall) [0-9]+ packages?\b", re.MULTILINE)

@@ -44,6 +44,13 @@ options:
     type: list
     elements: str
     default: []
+  only_sources:
+    description:
+      - The only sources to ask (e.g. the wheelhouse of a host without network, C(specdec_wheelhouse)); the host's pip
+        settings and O(extra_sources) are then not consulted. Empty to ask those.
+    type: list
+    elements: str
+    default: []
   timeout:
     description: Seconds to wait for each index.
     type: int
@@ -109,13 +116,17 @@ def main():
                 variable=dict(type="str", required=True), name=dict(type="str", required=True),
                 version=dict(type="str", required=True))),
             extra_sources=dict(type="list", elements="str", default=[]),
+            only_sources=dict(type="list", elements="str", default=[]),
             timeout=dict(type="int", default=20),
             fail_on_problems=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
-    indexes, links = pip_sources(module.run_command)
-    sources = list(dict.fromkeys(module.params["extra_sources"] + indexes + links))
+    if module.params["only_sources"]:
+        sources = list(dict.fromkeys(module.params["only_sources"]))
+    else:
+        indexes, links = pip_sources(module.run_command)
+        sources = list(dict.fromkeys(module.params["extra_sources"] + indexes + links))
     pins = [(p["variable"], p["name"], p["version"]) for p in module.params["pins"]]
     problems, notes = unpublished(pins, sources, module.params["timeout"])
     result = dict(changed=False, problems=problems, notes=notes, sources=sources)

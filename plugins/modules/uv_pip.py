@@ -19,8 +19,9 @@ description:
   - When uv fails, the message is one line naming the venv, the package and version range uv could not satisfy (or the
     file whose sha256 did not match, or the source it could not reach), the indexes it consulted in uv's order of
     priority with the index strategy, the find-links folders, and what to set
-    (C(ml_venv_index_strategy), C(ml_venv_find_links) or pip's C(extra-index-url)). uv's own output is returned in
-    RV(stderr).
+    (C(ml_venv_index_strategy), C(ml_venv_find_links) or pip's C(extra-index-url)). Offline with no index and
+    find-links (the ml_venv role's C(specdec_wheelhouse)), it names the requirement the wheelhouse has no wheel for
+    and C(specdec_wheelhouse). uv's own output is returned in RV(stderr).
   - The indexes, find-links folders and strategy are read from O(args) and from the C(UV_*) variables of the task's
     environment, as uv reads them.
 author:
