@@ -241,3 +241,19 @@ def test_a_wheelhouse_another_account_can_change_is_refused(tmp_path, wheelhouse
         f"localhost: specdec_wheelhouse is {wheelhouse}, and this run is root: {wheelhouse} is writable by others "
         f"(mode 777), owner uid 0 (root), so another account could change what root installs. Make it writable by its "
         f"owner only (chmod go-w {wheelhouse}), then run again.")
+
+
+def test_a_wheelhouse_without_uv_is_one_line(tmp_path, wheelhouse):
+    for found in wheelhouse.glob("uv-*.whl"):
+        found.unlink()
+    sums(wheelhouse)
+    rc, results = play(tmp_path)
+    assert rc != 0
+    msg = results["Refuse a uv wheel that does not match the pinned sha256"]["msg"]
+    assert "\n" not in msg
+    assert msg.startswith(
+        f"localhost: pip could not install uv=={UV_VERSION} into {tmp_path / 'prefix' / 'tools' / 'uv'} from the "
+        f"wheelhouse {wheelhouse} (specdec_wheelhouse): it has no uv {UV_VERSION} wheel for this host with one of the "
+        f"sha256 in ml_venv_uv_sha256; add it (pip download uv=={UV_VERSION} --no-deps on a machine with network) with "
+        "its line in SHA256SUMS"), msg
+    assert not (tmp_path / "prefix" / "venv").exists()
