@@ -141,10 +141,36 @@ def test_a_good_wheelhouse_installs_offline_and_the_image_site_packages_are_seen
     assert changed(again) == []
     # The list emptied: the .pth file goes, and with it the image's module.
     rc, emptied = play(tmp_path)
-    assert rc == 0 and changed(emptied) == ["Remove the inherited site-packages the inventory no longer lists"]
+    assert rc == 0 and changed(emptied) == ["Remove the inherited site-packages the inventory no longer lists",
+                                            "Remove the overrides of site-packages the inventory no longer lists"]
     probe = subprocess.run([str(tmp_path / "prefix" / "venv" / "bin" / "python"), "-c", "import specdec_image_probe"],
                            capture_output=True, check=False)
     assert probe.returncode != 0
+
+
+def test_a_requirement_an_inherited_site_packages_provides_is_left_to_it(tmp_path, wheelhouse):
+    # The image holds specdec-image-dep (as an image holds torch); the wheelhouse has a package that requires it and
+    # no wheel of it. With the image inherited, uv leaves the requirement to the image's copy.
+    image = tmp_path / "image" / "site-packages"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--disable-pip-version-check",
+                    "--target", str(image), str(wheel(tmp_path / "image-wheels", "specdec-image-dep", "3.0"))],
+                   check=True, capture_output=True)
+    wheel(wheelhouse, "specdec-probe-needs", "1.0", requires=("specdec-image-dep>=2",))
+    sums(wheelhouse)
+    inherit = '{"specdec_venv_inherit_site_packages": ["%s"]}' % image
+    rc, results = play(tmp_path, "-e", inherit, requirement="specdec-probe-needs")
+    assert rc == 0, results
+    assert results[INSTALL]["changed"] is True
+    assert venv_run(tmp_path, "import specdec_probe_needs as p, specdec_image_dep as d; print(p.VALUE, d.__file__)") \
+        == f"1.0 {image / 'specdec_image_dep' / '__init__.py'}"
+    overrides = tmp_path / "prefix" / "venv" / "specdec-inherited-overrides.txt"
+    assert 'specdec-image-dep ; sys_platform == "never"' in overrides.read_text().splitlines()
+    rc, again = play(tmp_path, "-e", inherit, requirement="specdec-probe-needs")
+    assert rc == 0 and changed(again) == [], again
+    # The list emptied: the overrides go with the .pth file.
+    rc, emptied = play(tmp_path, requirement=PKG)
+    assert rc == 0, emptied
+    assert not overrides.exists()
 
 
 def test_a_requirement_the_wheelhouse_lacks_is_one_line(tmp_path, wheelhouse):

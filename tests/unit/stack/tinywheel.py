@@ -8,12 +8,14 @@ import zipfile
 from pathlib import Path
 
 
-def wheel(folder: Path, name: str = "tinypkg", version: str = "1.0") -> Path:
-    """The wheel NAME VERSION (one module NAME with VALUE = VERSION) in FOLDER; returns its path."""
+def wheel(folder: Path, name: str = "tinypkg", version: str = "1.0", requires: tuple[str, ...] = ()) -> Path:
+    """The wheel NAME VERSION (one module NAME with VALUE = VERSION; Requires-Dist REQUIRES) in FOLDER; returns its
+    path."""
     module = name.replace("-", "_")
     dist = f"{module}-{version}"
     files = {f"{module}/__init__.py": f"VALUE = {version!r}\n".encode(),
-             f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+             f"{dist}.dist-info/METADATA": (f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                                            + "".join(f"Requires-Dist: {r}\n" for r in requires)).encode(),
              f"{dist}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
     record = [f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}"
               for p, d in files.items()] + [f"{dist}.dist-info/RECORD,,"]
