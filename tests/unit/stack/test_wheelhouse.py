@@ -30,13 +30,14 @@ from tinywheel import file_index, wheel  # noqa: E402 - tests/unit/stack is not 
 PYVER = f"{sys.version_info[0]}.{sys.version_info[1]}"
 PKG = "specdec-probe-pkg"  # a name no public index carries
 UV_VERSION = yaml.safe_load((ROOT / "roles" / "ml_venv" / "defaults" / "main.yml").read_text())["ml_venv_uv_version"]
-UV_CACHE = ROOT / ".cache" / "uv-wheel"  # git-ignored; filled once by pip download
+# Outside the checkout, where CI caches its downloads, so that a fresh clone reuses it; filled once by pip download.
+UV_CACHE = Path(os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "specdec-eagle3") / "uv-wheel"
 INSTALL = "Install the probe package"
 REFUSE = "Refuse a wheelhouse that is missing, changeable by another account or differs from its SHA256SUMS"
 
 
 def uv_wheel() -> Path:
-    """The pinned uv's wheel for this machine, downloaded once into .cache/uv-wheel; skips when it cannot be had."""
+    """The pinned uv's wheel for this machine, downloaded once into UV_CACHE; skips when it cannot be had."""
     def cached():
         return sorted(UV_CACHE.glob(f"uv-{UV_VERSION}-*.whl"))
     if not cached():
