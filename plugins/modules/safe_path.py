@@ -21,6 +21,8 @@ description:
   - Runs of other users change nothing and always pass; they can only change what they may write anyway.
 author:
   - specdec developers (!UNKNOWN)
+extends_documentation_fragment:
+  - specdec.eagle3.read_only
 options:
   path:
     description: Absolute path that root creates, hands over, removes or runs (it need not exist yet).
@@ -41,16 +43,6 @@ options:
     type: str
     choices: [parents, path, venv]
     default: path
-attributes:
-  check_mode:
-    support: full
-    description: The module only reads; check mode runs the same check.
-  diff_mode:
-    support: none
-    description: Nothing is changed, so there is no diff.
-  idempotent:
-    support: full
-    description: Read-only; always returns C(changed=false).
 seealso:
   - module: specdec.eagle3.source_patch
 """

@@ -22,6 +22,7 @@ description:
 author:
   - specdec developers (!UNKNOWN)
 extends_documentation_fragment:
+  - specdec.eagle3.read_only
   - specdec.eagle3.target_python
 options:
   client:
@@ -43,16 +44,6 @@ options:
     description: Return the table without failing when something is broken.
     type: bool
     default: false
-attributes:
-  check_mode:
-    support: full
-    description: The module never writes; check mode runs the same check.
-  diff_mode:
-    support: none
-    description: Nothing is changed, so there is no diff.
-  idempotent:
-    support: full
-    description: Read-only; always returns C(changed=false).
 notes:
   - The probes are shared with M(specdec.eagle3.source_patch) (one AST engine).
   - A call whose target signature cannot be read statically is listed with state C(unknown) and does not fail.

@@ -22,6 +22,8 @@ description:
     (the M(specdec.eagle3.safe_path) module's).
 author:
   - specdec developers (!UNKNOWN)
+extends_documentation_fragment:
+  - specdec.eagle3.read_only
 options:
   path:
     description: Absolute path of the wheelhouse on the managed host.
@@ -31,16 +33,6 @@ options:
     description: The setting that names O(path), for the message.
     type: str
     default: specdec_wheelhouse
-attributes:
-  check_mode:
-    support: full
-    description: The module only reads; check mode runs the same check.
-  diff_mode:
-    support: none
-    description: Nothing is changed, so there is no diff.
-  idempotent:
-    support: full
-    description: Read-only; always returns C(changed=false).
 notes:
   - Every wheel is read in full at every run (a CUDA build of torch is several GB).
 seealso:
