@@ -12,7 +12,9 @@
 # /opt/specdec-models/code-lm-16m, ansible-core in the venv /opt/specdec-controller, HEAD's snapshot in
 # /opt/specdec-src. Debian's sudo package is installed only where the image has no sudo.
 # SITE_GPU_STAGE_ONLY=1 stops after that; SITE_GPU_RUNS (default 2) runs follow in their own session, and the call
-# waits at most SITE_GPU_BACKGROUND (default 540) seconds for them. OUT_DIR (default site-gpu-out) receives the
+# waits at most SITE_GPU_BACKGROUND (default 540) seconds for them; SITE_GPU_ARGS are added to each ansible-playbook
+# command (e.g. "-e eagle3_pipeline_epochs=3"); SITE_GPU_TREE=. runs the checkout the command runs in instead of the
+# bundles' snapshot (SITE_GPU_COMMIT names it). OUT_DIR (default site-gpu-out) receives the
 # logs, each run's recap and wall time (runs.tsv), the image's pip freeze and the run's manifests and reports.
 set -euo pipefail
 stage=${SITE_GPU_STAGE:-/tmp/specdec-site}
@@ -28,11 +30,12 @@ export LC_ALL=C.UTF-8 LANG=C.UTF-8
 
 collect() {  # what the runs left, small files only, into OUT_DIR
   mkdir -p "$out"
-  cp "$stage"/run*.log "$stage"/runs.tsv "$stage"/image-freeze.txt "$stage"/machine.txt "$out/" 2>/dev/null || true
+  cp "$stage"/run*.log "$stage"/runs.tsv "$stage"/image-freeze.txt "$stage"/machine.txt "$stage"/tree-commit "$out/" \
+    2>/dev/null || true
   local run=/opt/specdec-code/work/runs/code-gpu
   if [ -d "$run" ]; then
     (cd "$run" && find . -type f -size -4M \( -name '*.json' -o -name '*.jsonl' -o -name '*.md' -o -name '*.log' \
-      -o -name '*.png' -o -name '*.txt' \) -not -path './extract/*' | tar -cf - -T - 2>/dev/null) \
+      -o -name '*.png' -o -name '*.txt' -o -path './export*' \) -not -path './extract/*' | tar -cf - -T - 2>/dev/null) \
       | (mkdir -p "$out/run" && tar -C "$out/run" -xf -) || true
   fi
 }
@@ -84,17 +87,27 @@ if [ ! -f "$stage/installed" ]; then
 fi
 [ "${SITE_GPU_STAGE_ONLY:-0}" = 1 ] && exit 0
 
+if [ -n "${SITE_GPU_TREE:-}" ]; then  # the checkout this command runs in (commits made after the bundles were packed)
+  rm -rf "$src" && install -d -m 0755 "$src"
+  tar -C "$SITE_GPU_TREE" --exclude=./.cache --exclude=./.git --exclude=./.venv --exclude=./collections -cf - . \
+    | tar -C "$src" --no-same-owner -xf -
+  mkdir -p "$src/collections/ansible_collections/specdec"
+  ln -sfn "$src" "$src/collections/ansible_collections/specdec/eagle3"
+  echo "${SITE_GPU_COMMIT:-unknown}" > "$stage/tree-commit"
+else
+  cp "$stage/in/COMMIT" "$stage/tree-commit"
+fi
 rm -f "$stage/runs.done"
 setsid bash -c '
   cd "$1"; printf "run\tstart\tend\tseconds\trc\trecap\n" > "$2/runs.tsv"
   for i in $(seq 1 "$3"); do
     t0=$(date +%s)
-    /opt/specdec-controller/bin/ansible-playbook -i inventory/gpu-code site.yml > "$2/run$i.log" 2>&1; rc=$?
+    /opt/specdec-controller/bin/ansible-playbook -i inventory/gpu-code site.yml $4 > "$2/run$i.log" 2>&1; rc=$?
     t1=$(date +%s)
     recap=$(grep -E "ok=[0-9]+ +changed=[0-9]+" "$2/run$i.log" | tail -n 1 | tr -s " ")
     printf "%s\t%s\t%s\t%s\t%s\t%s\n" "$i" "$t0" "$t1" "$((t1 - t0))" "$rc" "$recap" >> "$2/runs.tsv"
     [ "$rc" = 0 ] || break
   done
-  touch "$2/runs.done"' _ "$src" "$stage" "${SITE_GPU_RUNS:-2}" < /dev/null > /dev/null 2>&1 &
+  touch "$2/runs.done"' _ "$src" "$stage" "${SITE_GPU_RUNS:-2}" "${SITE_GPU_ARGS:-}" < /dev/null > /dev/null 2>&1 &
 echo $! > "$stage/runs.pid"
 report "${SITE_GPU_BACKGROUND:-540}"
