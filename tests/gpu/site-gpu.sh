@@ -78,7 +78,7 @@ if [ ! -f "$stage/installed" ]; then
     $(ls "$stage"/in/controller/*.whl | grep -v /zstandard-)
   rm -rf "$src" && install -d -m 0755 "$src" && tar -C "$src" -xzf "$stage/in/tree.tar.gz"
   mkdir -p "$src/collections/ansible_collections/specdec" && ln -sfn "$src" "$src/collections/ansible_collections/specdec/eagle3"
-  command -v sudo >/dev/null || dpkg -i "$stage"/in/debs/sudo_*.deb >/dev/null
+  command -v sudo >/dev/null || dpkg -i "$stage"/in/debs/sudo_*.deb >/dev/null || echo "sudo: not installed (dpkg failed)"
   python3 -m pip list --format=freeze > "$stage/image-freeze.txt" 2>/dev/null || true
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; python3 --version; id; \
     command -v sudo; nproc; } > "$stage/machine.txt" 2>&1 || true
