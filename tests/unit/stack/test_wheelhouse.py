@@ -19,35 +19,17 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests" / "unit"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from playbook_json import report, run, run_tasks  # noqa: E402 - tests/unit is not a package
-from tinywheel import file_index, wheel  # noqa: E402 - tests/unit/stack is not a package
+from tinywheel import UV_VERSION, file_index, uv_wheel, wheel  # noqa: E402 - tests/unit/stack is not a package
 
 PYVER = f"{sys.version_info[0]}.{sys.version_info[1]}"
 PKG = "specdec-probe-pkg"  # a name no public index carries
-UV_VERSION = yaml.safe_load((ROOT / "roles" / "ml_venv" / "defaults" / "main.yml").read_text())["ml_venv_uv_version"]
-# Outside the checkout, where CI caches its downloads, so that a fresh clone reuses it; filled once by pip download.
-UV_CACHE = Path(os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "specdec-eagle3") / "uv-wheel"
 INSTALL = "Install the probe package"
 REFUSE = "Refuse a wheelhouse that is missing, changeable by another account or differs from its SHA256SUMS"
-
-
-def uv_wheel() -> Path:
-    """The pinned uv's wheel for this machine, downloaded once into UV_CACHE; skips when it cannot be had."""
-    def cached():
-        return sorted(UV_CACHE.glob(f"uv-{UV_VERSION}-*.whl"))
-    if not cached():
-        UV_CACHE.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q", "--no-deps",
-                        "--only-binary=:all:", "-d", str(UV_CACHE), f"uv=={UV_VERSION}"],
-                       capture_output=True, check=False, timeout=300)
-    if not cached():
-        pytest.skip(f"uv {UV_VERSION}'s wheel is neither in {UV_CACHE} nor downloadable (pip download uv=={UV_VERSION})")
-    return cached()[0]
 
 
 def sums(folder: Path) -> None:
