@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tinywheel import uv_wheel, wheel  # noqa: E402 - tests/unit/stack is not a package
 
-SCRIPT = ROOT / "scripts" / "build-wheelhouse"
+SCRIPT = ROOT / "scripts" / "build_wheelhouse.py"  # what scripts/build-wheelhouse runs
 PYVER = f"{sys.version_info[0]}.{sys.version_info[1]}"
 PIPELINE = ROOT / "roles" / "eagle3_pipeline" / "files" / "requirements-pipeline.txt"
 PROMPT_SETS = yaml.safe_load((ROOT / "roles" / "eagle3_evaluate" / "vars" / "main.yml").read_text())[
@@ -162,11 +162,11 @@ def test_an_offline_build_holds_what_the_host_installs_and_nothing_else(tmp_path
     tiny = {(n, v) for n, v in found if n.startswith("specdec-probe-") or n in ("speculators", "hs-connectors")}
     assert tiny == {(n, "1.0") for n in EXPECTED_TINY}  # not extra 2.0: current_stack_requirements says <2
     for absent in ("specdec-probe-heavy", "specdec-probe-host", "specdec-probe-py2"):  # dropped, provided, false marker
-        assert absent not in {n for n, _ in found}
-    assert set(SEED) <= {n for n, _ in found}  # though the host provides them
+        assert absent not in {name for name, version in found}
+    assert set(SEED) <= {name for name, version in found}  # though the host provides them
     # Nothing else: uv's, the real ones (pipeline, prompt sets, the seed with its requirements), the tiny ones.
-    assert set(wheels) == {uv_wheel().name} | {p.name for p in real} | {f"{n.replace('-', '_')}-1.0-py3-none-any.whl"
-                                                                         for n in EXPECTED_TINY}
+    tiny_wheels = {f"{n.replace('-', '_')}-1.0-py3-none-any.whl" for n in EXPECTED_TINY}
+    assert set(wheels) == {uv_wheel().name} | {p.name for p in real} | tiny_wheels
     assert sorted(p.name for p in dest.iterdir()) == sorted(wheels + ["SHA256SUMS"])
 
     # SHA256SUMS: exactly the wheels, each with its digest, in sha256sum's format.
