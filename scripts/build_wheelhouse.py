@@ -68,7 +68,7 @@ def settings(inventory):
     for path in sorted(group_vars.rglob("*.yml")):
         for key, value in load_yaml(path).items():
             if key in KEYS:
-                if isinstance(value, str) and "{{" in value:
+                if any(isinstance(v, str) and "{{" in v for v in (value if isinstance(value, list) else [value])):
                     raise BuildError(f"{path}: {key} is a template ({value!r}); this builder reads plain values only - "
                                      "write the value itself")
                 values[key] = value
