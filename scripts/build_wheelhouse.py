@@ -32,19 +32,13 @@ from pathlib import Path
 import yaml
 
 HERE = Path(__file__).resolve().parent.parent
-KEYS = {  # variable: (defaults file, default when that file does not set it)
-    "specdec_track": ("roles/specdec/defaults/main.yml", None),
-    "specdec_python_version": ("roles/specdec/defaults/main.yml", None),
-    "current_stack_vllm_distribution": ("roles/current_stack/defaults/main.yml", None),
-    "current_stack_vllm_version": ("roles/current_stack/defaults/main.yml", None),
-    "current_stack_speculators_version": ("roles/current_stack/defaults/main.yml", None),
-    "current_stack_hs_connectors_version": ("roles/current_stack/defaults/main.yml", None),
-    "current_stack_requirements": ("roles/current_stack/defaults/main.yml", None),
-    "current_stack_drop": ("roles/current_stack/defaults/main.yml", None),
-    "ml_venv_torch_requirement": ("roles/ml_venv/defaults/main.yml", None),
-    "ml_venv_uv_version": ("roles/ml_venv/defaults/main.yml", None),
-    "ml_venv_uv_sha256": ("roles/ml_venv/defaults/main.yml", None),
-    "ml_venv_seed": ("roles/ml_venv/defaults/main.yml", None),
+KEYS = {  # variable: the role whose defaults/main.yml declares it
+    "specdec_track": "specdec", "specdec_python_version": "specdec",
+    "current_stack_vllm_distribution": "current_stack", "current_stack_vllm_version": "current_stack",
+    "current_stack_speculators_version": "current_stack", "current_stack_hs_connectors_version": "current_stack",
+    "current_stack_requirements": "current_stack", "current_stack_drop": "current_stack",
+    "ml_venv_torch_requirement": "ml_venv", "ml_venv_uv_version": "ml_venv", "ml_venv_uv_sha256": "ml_venv",
+    "ml_venv_seed": "ml_venv",
 }
 
 
@@ -59,9 +53,8 @@ def load_yaml(path):
 
 def settings(inventory):
     """The values this build needs: the inventory's group_vars over the roles' defaults; templates refused."""
-    values = {}
-    for key, (defaults, fallback) in KEYS.items():
-        values[key] = load_yaml(HERE / defaults).get(key, fallback)
+    defaults = {role: load_yaml(HERE / "roles" / role / "defaults" / "main.yml") for role in set(KEYS.values())}
+    values = {key: defaults[role].get(key) for key, role in KEYS.items()}
     group_vars = Path(inventory) / "group_vars"
     if not group_vars.is_dir():
         raise BuildError(f"{inventory}: no group_vars directory (give -i an inventory directory such as inventory/kimi-current)")
