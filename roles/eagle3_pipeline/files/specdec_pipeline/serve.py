@@ -35,6 +35,7 @@ import secrets
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -78,6 +79,26 @@ CODE_DIR = str(Path(__file__).resolve().parent.parent)  # the folder holding spe
 SERVER_GUARD = "specdec_pipeline.serve_guard.KeyGuard"  # vLLM's --middleware: the key on every route (serve_guard.py)
 # A route vLLM serves without its own key check (SageMaker's, which runs a completion): GET only probes the guard.
 GUARD_PROBE_PATH = "/invocations"
+
+
+def programs_path(argv, path, sys_path=None):
+    """PATH for a server started as ARGV, as in its activated venv: the directory of the interpreter ARGV[0], then
+    the bin directory of every site-packages this interpreter sees (PREFIX/lib/pythonX.Y/site-packages ->
+    PREFIX/bin, where it exists: an inherited environment's programs), then PATH; no directory twice. vLLM compiles
+    FlashInfer's sampler at start with `ninja`, which an image with a preinstalled CUDA torch has only there."""
+    first = []
+    if os.sep in argv[0]:
+        first.append(os.path.dirname(os.path.abspath(argv[0])))
+    for entry in sys.path if sys_path is None else sys_path:
+        parts = os.path.abspath(entry).split(os.sep)
+        if len(parts) > 3 and parts[-1] == "site-packages" and parts[-3] == "lib":
+            first.append(os.sep.join(parts[:-3] + ["bin"]))
+    seen, out = set(), []
+    for d in first + [d for d in path.split(os.pathsep) if d]:
+        if d not in seen and (d not in first or os.path.isdir(d)):
+            seen.add(d)
+            out.append(d)
+    return os.pathsep.join(out)
 
 
 def vllm_argv(python, model, port, *, served_name=SERVED_NAME, wrapper=()):
@@ -233,6 +254,7 @@ class VllmServer:
         # The server imports the guard (SERVER_GUARD) from this package: its folder leads the server's PYTHONPATH.
         paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != CODE_DIR]
         env["PYTHONPATH"] = os.pathsep.join([CODE_DIR, *paths])
+        env["PATH"] = programs_path(self.argv, env.get("PATH", os.defpath))
         self.api_key = secrets.token_urlsafe(32)
         env["VLLM_API_KEY"] = self.api_key  # the environment only: /proc/<pid>/environ is private to the user
         started = time.monotonic()
