@@ -11,10 +11,9 @@ import argparse
 import json
 import os
 import sys
-import traceback
 
 from specdec_pipeline import STEPS, algorithms, config, manifest, remote_code, report, tracks, validate
-from specdec_pipeline.errors import PipelineError, StopAfter
+from specdec_pipeline.errors import PipelineError, StopAfter, unexpected_error_line
 from specdec_pipeline.fsutil import disk_full_error, is_disk_full, recover_swap, write_json
 from specdec_pipeline.progress import log, setup_logging
 
@@ -128,23 +127,11 @@ def main(argv=None):
         print(f"ERROR: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # a bug or an unforeseen failure: the traceback goes to the log file, one line here
-        logfile = _log_traceback(args.config)
-        print(f"ERROR: unexpected {type(exc).__name__}: {exc}; the traceback is in {logfile}.", file=sys.stderr)
+        print(unexpected_error_line(exc, lambda: config.run_path(tracks.load(args.config), "logs", "pipeline.log")),
+              file=sys.stderr)
         return 1
     print(json.dumps(summary))
     return 3 if summary["stopped"] else 0
-
-
-def _log_traceback(config_path):
-    try:
-        path = config.run_path(tracks.load(config_path), "logs", "pipeline.log")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as f:
-            f.write(traceback.format_exc())
-        return path
-    except Exception:  # noqa: BLE001 - nowhere to write it: show it
-        traceback.print_exc()
-        return "the output above"
 
 
 if __name__ == "__main__":

@@ -5,6 +5,23 @@ class PipelineError(Exception):
     """Bad input or a failed check: the message names the file, what was expected and what to do."""
 
 
+def unexpected_error_line(exc, log_path):
+    """For a bug or an unforeseen failure: append the traceback to the file LOG_PATH() names and return the one
+    ``ERROR: `` line the Ansible roles show; where that log cannot be written the traceback goes to stderr."""
+    import traceback  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    try:
+        path = Path(log_path())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            f.write(traceback.format_exc())
+    except Exception:  # noqa: BLE001 - nowhere to write it: show it
+        traceback.print_exc()
+        path = "the output above"
+    return f"ERROR: unexpected {type(exc).__name__}: {exc}; the traceback is in {path}."
+
+
 class StopAfter(Exception):  # noqa: N818 - a planned stop, not an error
     """The run stops on purpose (e.g. no training possible on this machine); the message says why."""
 

@@ -48,7 +48,7 @@ from pathlib import Path
 
 from specdec_pipeline import chatmode, evaluate_drafts, evaluate_upgrade, prompt_sets, remote_code, report_evaluate
 from specdec_pipeline.config import read_config_file
-from specdec_pipeline.errors import PipelineError
+from specdec_pipeline.errors import PipelineError, unexpected_error_line
 from specdec_pipeline.evaluate_measure import NGRAM, build_control_draft, measure, requests_per_variant
 from specdec_pipeline.evaluate_record import (
     SWITCH,
@@ -337,6 +337,9 @@ def main(argv=None):
     except PipelineError as exc:
         print(f"ERROR: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # a bug or an unforeseen failure: the traceback goes to logs/evaluate.log, one line here
+        print(unexpected_error_line(exc, lambda: Path(cfg["run_dir"]) / "logs" / "evaluate.log"), file=sys.stderr)
+        return 1
     write_json(Path(cfg["run_dir"]) / "evaluate" / "summary.json", result)
     print(json.dumps(result))
     if failure:
