@@ -106,3 +106,23 @@ def test_a_draft_below_ngram_is_said_to_be_below_it(tmp_path):
     (tmp_path / "evaluate" / "results.json").write_text(json.dumps(res))
     assert "The trained draft does not beat n-gram speculation: AL 2.0 against 2.6 (0.77x)" in "\n".join(
         report_evaluate.report_lines(tmp_path))
+
+
+def test_concurrency_levels_are_reported_in_numeric_order_after_a_sorted_json_round_trip(tmp_path):
+    """results.json is written with sorted keys ("1", "32", "8"): a re-run that reads it back (the GPU machine's
+    second site.yml run) listed the speed-ups at concurrency 1, 32, 8."""
+    res = _results()
+    ps = res["sets"]["heldout"]
+    levels = {"1": 1.5, "8": 1.3, "32": 1.1}
+    ps["speedup"] = {"trained": dict(levels), "ngram": dict(levels)}
+    ps["drafts"]["eagle3"]["speedup"] = dict(levels)
+    ps["drafts"]["eagle3"]["speedup_over_ngram"] = {"1": 1.0, "8": 1.0, "32": 1.0}
+    res = json.loads(json.dumps(res, sort_keys=True))
+    line = evaluate_record.summary(res, False, "r.md", "")["lines"][1]
+    assert "; speed-up 1.5x at concurrency 1, 1.3x at concurrency 8, 1.1x at concurrency 32" in line, line
+    assert "; n-gram speed-up 1.5x at concurrency 1, 1.3x at concurrency 8, 1.1x at concurrency 32" in line, line
+    (tmp_path / "evaluate").mkdir()
+    (tmp_path / "evaluate" / "results.json").write_text(json.dumps(res, sort_keys=True))
+    text = "\n".join(report_evaluate.report_lines(tmp_path))
+    assert "over the target alone: 1.50x at concurrency 1, 1.30x at concurrency 8, 1.10x at concurrency 32." in text
+    assert "1.00x n-gram's at concurrency 1, 1.00x n-gram's at concurrency 8, 1.00x n-gram's at concurrency 32" in text

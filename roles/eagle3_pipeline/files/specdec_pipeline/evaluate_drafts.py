@@ -21,6 +21,13 @@ from specdec_pipeline.versions import speculator_types_of
 TOKENS_VAR = "eagle3_evaluate_draft_tokens"
 
 
+
+def by_concurrency(levels):
+    """The (concurrency, value) pairs of a dict keyed by concurrency, in numeric order: JSON keys are strings and
+    the results are written with sorted keys ("1", "32", "8")."""
+    return sorted((levels or {}).items(), key=lambda kv: int(kv[0]))
+
+
 def variants(name):
     """(variant, control variant) of the draft NAME in results.json."""
     return ("trained", "control") if name == "eagle3" else (name, f"control-{name}")

@@ -247,7 +247,7 @@ def summary(res, changed, report_path, failure):
             if ctl:
                 line += f"; control {ctl.get('acceptance_length')} (margin {margin:+.4f})"
             line += _against_ngram(s, spec["variant"])
-            line += ("; speed-up " + ", ".join(f"{x}x at concurrency {c}" for c, x in fast.items())
+            line += ("; speed-up " + ", ".join(f"{x}x at concurrency {c}" for c, x in evaluate_drafts.by_concurrency(fast))
                      if fast else "; no baseline measured")
             lines.append(line)
     up = evaluate_upgrade.describe(res.get("upgrade"))
@@ -268,7 +268,7 @@ def _against_ngram(s, variant):
     over = over_ngram(mine, ngram)
     fast = (s.get("speedup") or {}).get(NGRAM) or {}
     return (f"; n-gram speculation AL {ngram.get('acceptance_length')} (the draft's AL is {over}x it)"
-            + ("; n-gram speed-up " + ", ".join(f"{x}x at concurrency {c}" for c, x in fast.items()) if fast else ""))
+            + ("; n-gram speed-up " + ", ".join(f"{x}x at concurrency {c}" for c, x in evaluate_drafts.by_concurrency(fast)) if fast else ""))
 
 
 def over_ngram(mine, ngram):

@@ -50,7 +50,7 @@ def report_lines(run_dir):
         for variant, by_c in (ps.get("speedup") or {}).items():
             what = "n-gram speculation" if variant == "ngram" else f"the {variant} draft"
             lines.append(f"Speed-up of {what} over the target alone: "
-                         + ", ".join(f"{_x(x)} at concurrency {c}" for c, x in by_c.items()) + ".")
+                         + ", ".join(f"{_x(x)} at concurrency {c}" for c, x in evaluate_drafts.by_concurrency(by_c)) + ".")
         if ps.get("margin_over_control") is not None:
             lines.append(f"Trained draft over the random-weight control: AL margin {ps['margin_over_control']:+.3f}.")
         lines += _against_ngram(ps, drafts)
@@ -77,7 +77,7 @@ def _against_ngram(ps, drafts):
         verdict = "beats" if e["al_over_ngram"] > 1 else "does not beat"
         out.append(f"The {evaluate_drafts.label(name)} {verdict} n-gram speculation: AL {_dash(e.get('acceptance_length'))} "
                    f"against {_dash(e.get('ngram_acceptance_length'))} ({e['al_over_ngram']:.2f}x)"
-                   + ("; speed-up " + ", ".join(f"{x:.2f}x n-gram's at concurrency {c}" for c, x in fast.items())
+                   + ("; speed-up " + ", ".join(f"{x:.2f}x n-gram's at concurrency {c}" for c, x in evaluate_drafts.by_concurrency(fast))
                       if fast else "") + ".")
     return out
 
@@ -107,7 +107,7 @@ def _side_by_side(ps, drafts, levels):
                      + " | ".join(_x((e.get("speedup") or {}).get(str(c))) for c in levels) + " |")
     top = ps.get("best") or {}
     said = [f"highest AL: {top['acceptance_length']}"] if top.get("acceptance_length") else []
-    said += [f"fastest at concurrency {c}: {n}" for c, n in (top.get("speedup") or {}).items()]
+    said += [f"fastest at concurrency {c}: {n}" for c, n in evaluate_drafts.by_concurrency(top.get("speedup"))]
     return lines + ["", "Best draft - " + "; ".join(said) + ".", ""] if said else lines + [""]
 
 
