@@ -3,9 +3,10 @@
     scripts/build-wheelhouse -i INVENTORY DEST [--provided FILE] [--python 3.12] [--arch x86_64] [--glibc 2.35]
 
 Run it where PyPI is reachable (pip's and uv's usual settings apply), then copy DEST to the host and set
-specdec_wheelhouse to it. It reads the inventory's plain values over the roles' defaults (the vLLM distribution
-and the three pins, current_stack_requirements, current_stack_drop, ml_venv_torch_requirement, ml_venv_uv_version,
-ml_venv_seed, specdec_python_version), lists the requirements the current_stack role will install with the
+specdec_wheelhouse to it. It reads the plain values of the inventory's eagle3_hosts as ansible-inventory resolves
+them (Ansible's precedence, host_vars included) over the roles' defaults (the vLLM distribution and the three pins,
+current_stack_requirements, current_stack_drop, ml_venv_torch_requirement, ml_venv_uv_version, ml_venv_seed,
+specdec_python_version), lists the requirements the current_stack role will install with the
 role's own rule (roles/current_stack/files/requirements_of.py) for the host's Python and platform, resolves them
 with uv as the role will, and downloads every wheel: uv's (checked against ml_venv_uv_sha256), the seed's packages,
 the three packages, their resolved requirements, the pipeline's own packages (requirements-pipeline.txt,
@@ -20,6 +21,7 @@ directory beside it and renamed at the end, so a failed build leaves nothing hal
 import argparse
 import hashlib
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -51,20 +53,50 @@ def load_yaml(path):
         return yaml.safe_load(fh) or {}
 
 
+def inventory_hostvars(inventory):
+    """{host: its variables} of the hosts of group eagle3_hosts, as ansible-inventory resolves them from INVENTORY
+    (Ansible's own precedence: group_vars/all under a group's, host_vars over both, .yml and .yaml), unrendered."""
+    if importlib.util.find_spec("ansible") is None:
+        raise BuildError(f"ansible-core is not installed for {sys.executable}; run this with the controller's Python "
+                         "(scripts/bootstrap makes .venv) or set PYTHON to one that has it")
+    proc = subprocess.run([sys.executable, "-m", "ansible.cli.inventory", "-i", str(inventory), "--list"],
+                          capture_output=True, text=True, check=False,
+                          env=dict(os.environ, ANSIBLE_INVENTORY_UNPARSED_FAILED="1", ANSIBLE_NOCOLOR="1"))
+    if proc.returncode != 0:
+        why = " ".join((proc.stderr.strip().splitlines() or ["no output"])[-1:])
+        raise BuildError(f"{inventory}: ansible-inventory could not read it ({why})")
+    listing = json.loads(proc.stdout)
+    hosts = sorted(set(_hosts_of(listing, "eagle3_hosts")))
+    if not hosts:
+        raise BuildError(f"{inventory}: no host in group eagle3_hosts (give -i the inventory of the host the wheelhouse "
+                         "is for, such as inventory/gpu-code)")
+    return {host: listing["_meta"]["hostvars"].get(host, {}) for host in hosts}
+
+
+def _hosts_of(listing, group):
+    """The hosts of GROUP in an ansible-inventory --list LISTING, its children's included."""
+    entry = listing.get(group, {})
+    yield from entry.get("hosts", [])
+    for child in entry.get("children", []):
+        yield from _hosts_of(listing, child)
+
+
 def settings(inventory):
-    """The values this build needs: the inventory's group_vars over the roles' defaults; templates refused."""
+    """The values this build needs: the inventory's over the roles' defaults; templates refused, and the hosts of
+    eagle3_hosts must agree (one wheelhouse serves one platform and one set of pins)."""
     defaults = {role: load_yaml(HERE / "roles" / role / "defaults" / "main.yml") for role in set(KEYS.values())}
-    values = {key: defaults[role].get(key) for key, role in KEYS.items()}
-    group_vars = Path(inventory) / "group_vars"
-    if not group_vars.is_dir():
-        raise BuildError(f"{inventory}: no group_vars directory (give -i an inventory directory such as inventory/kimi-current)")
-    for path in sorted(group_vars.rglob("*.yml")):
-        for key, value in load_yaml(path).items():
-            if key in KEYS:
-                if any(isinstance(v, str) and "{{" in v for v in (value if isinstance(value, list) else [value])):
-                    raise BuildError(f"{path}: {key} is a template ({value!r}); this builder reads plain values only - "
-                                     "write the value itself")
-                values[key] = value
+    hostvars = inventory_hostvars(inventory)
+    values, seen = {}, {}
+    for key, role in KEYS.items():
+        for host, hvars in hostvars.items():
+            value = hvars.get(key, defaults[role].get(key))
+            if any(isinstance(v, str) and "{{" in v for v in (value if isinstance(value, list) else [value])):
+                raise BuildError(f"{inventory}: {key} is a template ({value!r}) for host {host}; this builder reads "
+                                 "plain values only - write the value itself")
+            if key in values and value != values[key]:
+                raise BuildError(f"{inventory}: {key} is {values[key]!r} for host {seen[key]} but {value!r} for host "
+                                 f"{host}; build one wheelhouse per set of hosts that agree")
+            values[key], seen[key] = value, seen.get(key, host)
     if values["specdec_track"] != "current":
         raise BuildError(f"{inventory}: specdec_track is {values['specdec_track']!r}; the wheelhouse builder serves the "
                          "current track (the patched track's vLLM comes from its nightly index)")

@@ -16,6 +16,7 @@ pipeline's real pinned wheels and the prompt set's. Proved:
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import re
 import shutil
@@ -114,11 +115,12 @@ def find_links(tmp_path: Path, real: list[Path]) -> Path:
     return folder
 
 
-def inventory(tmp_path: Path, group_vars: bool = True, **values) -> Path:
-    """TMP/inventory: PROFILE and STACK (VALUES over them) in two files of group_vars/eagle3_hosts."""
+def inventory(tmp_path: Path, group_vars: bool = True, hosts: str = "eagle3_hosts:\n  hosts:\n    gpu1:\n",
+              **values) -> Path:
+    """TMP/inventory: HOSTS, and PROFILE and STACK (VALUES over them) in two files of group_vars/eagle3_hosts."""
     inv = tmp_path / "inventory"
     inv.mkdir()
-    (inv / "hosts.yml").write_text("eagle3_hosts:\n  hosts:\n    gpu1:\n")
+    (inv / "hosts.yml").write_text(hosts)
     if group_vars:
         folder = inv / "group_vars" / "eagle3_hosts"
         folder.mkdir(parents=True)
@@ -193,13 +195,17 @@ def test_an_offline_build_holds_what_the_host_installs_and_nothing_else(tmp_path
     assert seeded.returncode == 0, seeded.stderr
 
 
-REFUSALS = {  # case: inventory values, group_vars, DEST files, other arguments, find-links, status, what the line says
+REFUSALS = {  # case: inventory values, hosts file, DEST files, other arguments, find-links, status, what the line says
     "a DEST that is not empty": dict(dest_files={"mine.txt": "kept as it is"}, says=": not empty; give a new or empty directory"),
     "the patched track": dict(values={"specdec_track": "patched"}, says="specdec_track is 'patched'; the wheelhouse builder serves the current track"),
     "a template": dict(values={"current_stack_vllm_version": "{{ x }}"}, says="current_stack_vllm_version is a template ('{{ x }}')"),
     "a template in a list": dict(values={"current_stack_requirements": ["{{ x }}"]},
                                  says="current_stack_requirements is a template (['{{ x }}'])"),
-    "no group_vars": dict(group_vars=False, says=": no group_vars directory"),
+    "no host in eagle3_hosts": dict(hosts="others:\n  hosts:\n    gpu1:\n", says=": no host in group eagle3_hosts"),
+    "hosts that disagree": dict(hosts="eagle3_hosts:\n  hosts:\n    gpu1:\n    gpu2:\n      specdec_python_version: '3.9'\n",
+                                says=f"specdec_python_version is '{PYVER}' for host gpu1 but '3.9' for host gpu2"),
+    "an inventory ansible-inventory cannot read": dict(hosts="eagle3_hosts: [unclosed\n",
+                                                         says="ansible-inventory could not read it"),
     "a Python that is not a version": dict(args=["--python", "three"], says="the host's Python is 'three', not a version"),
     "a glibc that is not a version": dict(args=["--glibc", "2"], says="--glibc '2' is not a glibc version", status=2),
     "a --provided file that does not exist": dict(args=["--provided", "/nonexistent/provided.txt"],
@@ -212,7 +218,7 @@ REFUSALS = {  # case: inventory values, group_vars, DEST files, other arguments,
 
 @pytest.mark.parametrize("case", REFUSALS.values(), ids=list(REFUSALS))
 def test_a_refusal_is_one_line_and_changes_nothing(tmp_path, case):
-    inv = inventory(tmp_path, group_vars=case.get("group_vars", True), **case.get("values", {}))
+    inv = inventory(tmp_path, **{k: case[k] for k in ("group_vars", "hosts") if k in case}, **case.get("values", {}))
     links = find_links(tmp_path, []) if case.get("links") else None
     dest = tmp_path / "out" / "wheelhouse"
     for name, text in case.get("dest_files", {}).items():
@@ -230,3 +236,19 @@ def test_a_refusal_is_one_line_and_changes_nothing(tmp_path, case):
     # Nothing created or changed: no DEST (or the one given, as it was), no .wheelhouse-* beside it, TMPDIR empty.
     assert snapshot(tmp_path) == before
     assert dest.exists() == bool(case.get("dest_files"))
+
+
+def test_the_inventory_is_read_with_ansibles_precedence(tmp_path):
+    """group_vars/all under the group's own file (here .yaml), host_vars over both - what the play will see."""
+    inv = inventory(tmp_path)
+    (inv / "group_vars" / "all").mkdir()
+    (inv / "group_vars" / "all" / "zz.yml").write_text("current_stack_vllm_version: '0.1'\ncurrent_stack_drop: [a]\n")
+    (inv / "group_vars" / "eagle3_hosts" / "stack.yml").rename(inv / "group_vars" / "eagle3_hosts" / "stack.yaml")
+    (inv / "host_vars").mkdir()
+    (inv / "host_vars" / "gpu1.yml").write_text("current_stack_drop: [b]\n")
+    spec = importlib.util.spec_from_file_location("build_wheelhouse", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    values = mod.settings(inv)
+    assert (values["current_stack_vllm_version"], values["current_stack_drop"]) == ("1.0", ["b"])
+    assert values["ml_venv_seed"] == yaml.safe_load((ROOT / "roles/ml_venv/defaults/main.yml").read_text())["ml_venv_seed"]
