@@ -13,8 +13,11 @@ CMD = [sys.executable, "-m", "specdec_pipeline.progress_line"]  # as both roles 
 
 
 def poll(tmp_path, progress, job):
-    (tmp_path / "p.json").write_text(json.dumps(progress))
+    """As in a run: the job wrapper writes its results file first, the job its progress file after."""
     (tmp_path / "job").write_text(json.dumps(job))
+    (tmp_path / "p.json").write_text(json.dumps(progress))
+    past = (tmp_path / "job").stat().st_mtime_ns
+    os.utime(tmp_path / "p.json", ns=(past + 1_000_000, past + 1_000_000))
     out = subprocess.run([*CMD, str(tmp_path / "p.json"), str(tmp_path / "job")],
                          capture_output=True, text=True, check=True, env=ENV).stdout
     return json.loads(out)
@@ -51,3 +54,20 @@ def test_before_anything_is_counted_the_line_says_what_the_step_does(tmp_path):
     p = {"step": "evaluate", "state": "running", "done": 0, "total": 0, "unit": "requests",
          "message": "loading the prompt sets"}
     assert poll(tmp_path, p, {"started": 1}) == {"progress": "evaluate: loading the prompt sets", "finished": False}
+
+
+def test_a_progress_file_older_than_the_running_job_is_the_previous_runs(tmp_path):
+    """A re-run of the evaluate stage that measured nothing first showed the last run's "evaluate ngram: 579/579"."""
+    old = {"step": "evaluate ngram", "state": "finished", "done": 579, "total": 579, "unit": "requests"}
+    (tmp_path / "p.json").write_text(json.dumps(old))
+    (tmp_path / "job").write_text(json.dumps({"started": 1, "finished": 0}))
+    os.utime(tmp_path / "p.json", ns=(1_000_000_000, 1_000_000_000))  # written long before the job started
+    out = subprocess.run([*CMD, str(tmp_path / "p.json"), str(tmp_path / "job")],
+                         capture_output=True, text=True, check=True, env=ENV).stdout
+    assert json.loads(out) == {"progress": "starting", "finished": False}
+    # Once the job has ended, its last progress line is shown whatever the times (the results file is written last).
+    (tmp_path / "job").write_text(json.dumps({"rc": 0}))
+    os.utime(tmp_path / "p.json", ns=(1_000_000_000, 1_000_000_000))
+    out = subprocess.run([*CMD, str(tmp_path / "p.json"), str(tmp_path / "job")],
+                         capture_output=True, text=True, check=True, env=ENV).stdout
+    assert json.loads(out) == {"progress": "evaluate ngram: 579/579 requests", "finished": True}

@@ -11,6 +11,7 @@ such as \\u001b), and the narrative callback on the controller - the last hop be
 control characters as escapes when it prints the line.
 """
 import json
+import os
 import sys
 
 
@@ -50,10 +51,23 @@ def line(p):
     return ", ".join(parts)
 
 
+def older(path, than):
+    """Whether PATH was last written before THAN (False when either is missing)."""
+    try:
+        return os.stat(path).st_mtime_ns < os.stat(than).st_mtime_ns
+    except OSError:
+        return False
+
+
 def main(argv):
     job = read(argv[1]) if len(argv) > 1 else None
-    print(json.dumps({"progress": line(read(argv[0]) if argv else None),
-                      "finished": isinstance(job, dict) and "started" not in job}))
+    finished = isinstance(job, dict) and "started" not in job
+    progress = read(argv[0]) if argv else None
+    # Ansible's job wrapper writes the results file when the job starts and again when it ends: while the job runs,
+    # a progress file older than it is the previous run's (a re-run showed the last run's "579/579 requests").
+    if isinstance(job, dict) and not finished and older(argv[0], argv[1]):
+        progress = None
+    print(json.dumps({"progress": line(progress), "finished": finished}))
     return 0
 
 
