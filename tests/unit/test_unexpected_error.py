@@ -16,7 +16,7 @@ from specdec_pipeline.errors import unexpected_error_line  # noqa: E402
 
 
 def _boom(*_args, **_kwargs):
-    return undefined_name  # noqa: F821 - the bug under test
+    return {}["undefined_name"]  # the bug under test
 
 
 def test_the_evaluate_stage_turns_a_bug_into_one_line_and_logs_the_traceback(tmp_path, monkeypatch, capsys):
@@ -27,16 +27,17 @@ def test_the_evaluate_stage_turns_a_bug_into_one_line_and_logs_the_traceback(tmp
     assert evaluate.main([str(config), "run"]) == 1
     err = capsys.readouterr().err
     log = tmp_path / "run" / "logs" / "evaluate.log"
-    assert err == f"ERROR: unexpected NameError: name 'undefined_name' is not defined; the traceback is in {log}.\n"
+    assert err == f"ERROR: unexpected KeyError: 'undefined_name'; the traceback is in {log}.\n"
     assert "Traceback (most recent call last)" in log.read_text() and "_boom" in log.read_text()
 
 
 def test_a_log_that_cannot_be_written_leaves_the_traceback_on_stderr(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("")
+    line = ""
     try:
         _boom()
-    except NameError as exc:
+    except KeyError as exc:
         line = unexpected_error_line(exc, lambda: blocker / "logs" / "x.log")
     assert line.endswith("the traceback is in the output above.")
     assert "Traceback (most recent call last)" in capsys.readouterr().err

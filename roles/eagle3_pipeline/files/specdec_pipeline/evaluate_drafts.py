@@ -21,7 +21,6 @@ from specdec_pipeline.versions import speculator_types_of
 TOKENS_VAR = "eagle3_evaluate_draft_tokens"
 
 
-
 def by_concurrency(levels):
     """The (concurrency, value) pairs of a dict keyed by concurrency, in numeric order: JSON keys are strings and
     the results are written with sorted keys ("1", "32", "8")."""
