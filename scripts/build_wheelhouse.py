@@ -19,6 +19,7 @@ directory beside it and renamed at the end, so a failed build leaves nothing hal
 """
 
 import argparse
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -176,7 +177,6 @@ def build(args):
     dest = Path(args.dest).resolve()
     if dest.exists() and any(dest.iterdir()):
         raise BuildError(f"{dest}: not empty; give a new or empty directory (nothing was changed)")
-    dest.parent.mkdir(parents=True, exist_ok=True)
     provided = []
     if args.provided:
         for line in Path(args.provided).read_text(encoding="utf-8").splitlines():
@@ -187,8 +187,11 @@ def build(args):
     reqmod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(reqmod)
     target = pip_target_args(python, args.arch, args.glibc)
+    created = [p for p in reversed(dest.parents) if not p.exists()]  # removed again if the build fails
+    dest.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=".wheelhouse-", dir=dest.parent))
     work = Path(tempfile.mkdtemp(prefix="specdec-wheelhouse-"))
+    built = False
     try:
         uv = host_uv(work, values["ml_venv_uv_version"])
         print(f"uv {values['ml_venv_uv_version']} and the three packages for CPython {python} on {args.arch} "
@@ -239,9 +242,13 @@ def build(args):
         if dest.exists():
             dest.rmdir()
         stage.rename(dest)
+        built = True
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(stage, ignore_errors=True)
+        for folder in [] if built else reversed(created):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
     size = sum(p.stat().st_size for p in dest.glob("*.whl"))
     print(f"{dest}: {len(wheels)} wheels, {size / 1e6:.0f} MB, SHA256SUMS written; set specdec_wheelhouse to its path "
           "on the host")

@@ -129,15 +129,15 @@ def inventory(tmp_path: Path, group_vars: bool = True, hosts: str = "eagle3_host
     return inv
 
 
-def build(tmp_path: Path, inv: Path, links: Path | None, *args: str) -> subprocess.CompletedProcess:
-    """The script with -i INV TMP/out/wheelhouse ARGS, offline: pip and uv see LINKS only (or nothing)."""
+def build(tmp_path: Path, inv: Path, links: Path | None, *args: str, dest: Path | None = None) -> subprocess.CompletedProcess:
+    """The script with -i INV DEST (default TMP/out/wheelhouse) ARGS, offline: pip and uv see LINKS only (or nothing)."""
     (tmp_path / "tmp").mkdir(exist_ok=True)
     (tmp_path / "out").mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
     env.update(PIP_NO_INDEX="1", PIP_FIND_LINKS=str(links or tmp_path / "no-links"), PIP_CONFIG_FILE=os.devnull,
                PIP_DISABLE_PIP_VERSION_CHECK="1", UV_NO_INDEX="1", UV_FIND_LINKS=str(links or tmp_path / "no-links"),
                UV_NO_CONFIG="1", UV_OFFLINE="1", UV_CACHE_DIR=str(tmp_path / "uv-cache"), TMPDIR=str(tmp_path / "tmp"))
-    return subprocess.run([sys.executable, str(SCRIPT), "-i", str(inv), str(tmp_path / "out" / "wheelhouse"), *args],
+    return subprocess.run([sys.executable, str(SCRIPT), "-i", str(inv), str(dest or tmp_path / "out" / "wheelhouse"), *args],
                           capture_output=True, text=True, check=False, env=env, timeout=600)
 
 
@@ -210,6 +210,8 @@ REFUSALS = {  # case: inventory values, hosts file, DEST files, other arguments,
     "a --provided file that does not exist": dict(args=["--provided", "/nonexistent/provided.txt"],
                                                   says="No such file or directory: '/nonexistent/provided.txt'"),
     "a pin the find-links folder lacks": dict(values={"current_stack_vllm_version": "9.9"}, links=True, says=f"{VLLM}==9.9"),
+    "a failed build into folders it created": dict(values={"current_stack_vllm_version": "9.9"}, links=True,
+                                                   dest="new/deeper/wheelhouse", says=f"{VLLM}==9.9"),
     "a uv wheel with another sha256": dict(values={"ml_venv_uv_sha256": ["0" * 64]}, links=True,
                                            says="its sha256 is not one of ml_venv_uv_sha256"),
 }
@@ -226,13 +228,15 @@ def test_a_refusal_is_one_line_and_changes_nothing(tmp_path, case):
     (tmp_path / "tmp").mkdir()
     (tmp_path / "out").mkdir(exist_ok=True)
     before = snapshot(tmp_path)
-    proc = build(tmp_path, inv, links, *case.get("args", []))
+    proc = build(tmp_path, inv, links, *case.get("args", []),
+                 dest=tmp_path / "out" / case["dest"] if "dest" in case else None)
     assert proc.returncode == case.get("status", 1), proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     line = proc.stderr.rstrip("\n")
     assert "\n" not in line and line.startswith("build-wheelhouse: "), proc.stderr
     assert case["says"] in line
-    # Nothing created or changed: no DEST (or the one given, as it was), no .wheelhouse-* beside it, TMPDIR empty.
+    # Nothing created or changed: no DEST (or the one given, as it was), no .wheelhouse-* beside it, TMPDIR empty,
+    # no folder above DEST that the build created.
     assert snapshot(tmp_path) == before
     assert dest.exists() == bool(case.get("dest_files"))
 
