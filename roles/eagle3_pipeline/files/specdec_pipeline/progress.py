@@ -36,6 +36,7 @@ class Progress:
         self.done = 0
         self.tokens = 0
         self.base_done = 0
+        self.first = None  # (time, done) when the first unit was counted: the ETA's rate runs from there
 
     def resume_from(self, done):
         self.done = self.base_done = done
@@ -49,9 +50,13 @@ class Progress:
             return
         self.last = now
         elapsed = max(now - self.start, 1e-6)
-        new = self.done - self.base_done
-        rate = new / elapsed
-        eta = (self.total - self.done) / rate if rate > 0 else None
+        if self.first is None and self.done > self.base_done:
+            self.first = (now, self.done)
+        # The ETA counts from the first unit done, not from the start: what comes before it (a server's start,
+        # compilation) is not the pace of the rest (regenerate on the GPU began with "ETA 17h16m" and took 2 min).
+        eta = None
+        if self.first and self.done > self.first[1] and now > self.first[0]:
+            eta = max(self.total - self.done, 0) * (now - self.first[0]) / (self.done - self.first[1])
         write_json(self.path, {
             "step": self.step, "state": state, "done": self.done, "total": self.total, "unit": self.unit,
             "tokens_per_s": round(self.tokens / elapsed, 1), "elapsed_s": round(elapsed, 1),
