@@ -9,10 +9,12 @@
 # Bundles may come in separate calls; once every file of the MANIFEST has arrived they are checked and placed where
 # inventory/gpu-code expects them, root's and 0755 as the collection's root-run checks demand: the wheelhouse in
 # /opt/specdec-wheelhouse (vLLM's wheel rebuilt from its parts; the ml_venv role checks SHA256SUMS), the code LM in
-# /opt/specdec-models/code-lm-16m, ansible-core in the venv /opt/specdec-controller, HEAD's snapshot in
-# /opt/specdec-src. Debian's sudo package is installed only where the image has no sudo.
-# SITE_GPU_STAGE_ONLY=1 stops after that; SITE_GPU_RUNS (default 2) runs follow in their own session, and the call
-# waits at most SITE_GPU_BACKGROUND (default 540) seconds for them; SITE_GPU_ARGS are added to each ansible-playbook
+# /opt/specdec-models/code-lm-16m (and the mini-Kimi in /opt/specdec-models/mini-kimi where the bundles carry one),
+# ansible-core in the venv /opt/specdec-controller, HEAD's snapshot in /opt/specdec-src. Debian's sudo package is
+# installed only where the image has no sudo.
+# SITE_GPU_STAGE_ONLY=1 stops after that; SITE_GPU_RUNS (default 2) runs of each inventory of SITE_GPU_INVENTORIES
+# (default gpu-code; e.g. "gpu-code gpu-kimi") follow in their own session, and the call waits at most
+# SITE_GPU_BACKGROUND (default 540) seconds for them; SITE_GPU_ARGS are added to each ansible-playbook
 # command (e.g. "-e eagle3_pipeline_epochs=3"); SITE_GPU_TREE=. runs the checkout the command runs in instead of the
 # bundles' snapshot (SITE_GPU_COMMIT names it). OUT_DIR (default site-gpu-out) receives the
 # logs, each run's recap and wall time (runs.tsv), the image's pip freeze and the run's manifests and reports.
@@ -32,12 +34,14 @@ collect() {  # what the runs left, small files only, into OUT_DIR
   mkdir -p "$out"
   cp "$stage"/run*.log "$stage"/runs.tsv "$stage"/image-freeze.txt "$stage"/machine.txt "$stage"/tree-commit "$out/" \
     2>/dev/null || true
-  local run=/opt/specdec-code/work/runs/code-gpu
-  if [ -d "$run" ]; then
+  local run name
+  for run in /opt/specdec-code/work/runs/*/; do
+    [ -d "$run" ] || continue
+    name=$(basename "$run"); [ "$name" = code-gpu ] && name=run  # run 8's records named the code LM's run "run"
     (cd "$run" && find . -type f -size -4M \( -name '*.json' -o -name '*.jsonl' -o -name '*.md' -o -name '*.log' \
       -o -name '*.png' -o -name '*.txt' -o -path './export*' \) -not -path './extract/*' | tar -cf - -T - 2>/dev/null) \
-      | (mkdir -p "$out/run" && tar -C "$out/run" -xf -) || true
-  fi
+      | (mkdir -p "$out/$name" && tar -C "$out/$name" -xf -) || true
+  done
 }
 report() {  # the runs' state, then up to WAIT seconds for them to end
   local deadline=$(( $(date +%s) + $1 ))
@@ -71,8 +75,11 @@ if [ ! -f "$stage/installed" ]; then
   cp "$stage"/in/wheelhouse/* /opt/specdec-wheelhouse/
   cat "$stage"/in/vllm-wheel/part.* | unzstd_to "/opt/specdec-wheelhouse/$(cat "$stage/in/vllm-wheel/NAME")"
   chmod 0644 /opt/specdec-wheelhouse/*
-  install -d -m 0755 /opt/specdec-models && rm -rf /opt/specdec-models/code-lm-16m
+  install -d -m 0755 /opt/specdec-models && rm -rf /opt/specdec-models/code-lm-16m /opt/specdec-models/mini-kimi
   cp -r "$stage/in/model" /opt/specdec-models/code-lm-16m && chmod -R u=rwX,go=rX /opt/specdec-models/code-lm-16m
+  if [ -d "$stage/in/model-kimi" ]; then
+    cp -r "$stage/in/model-kimi" /opt/specdec-models/mini-kimi && chmod -R u=rwX,go=rX /opt/specdec-models/mini-kimi
+  fi
   rm -rf /opt/specdec-controller && python3 -m venv /opt/specdec-controller
   /opt/specdec-controller/bin/python -m pip install -q --disable-pip-version-check --no-index --no-deps \
     $(ls "$stage"/in/controller/*.whl | grep -v /zstandard-)
@@ -99,15 +106,19 @@ else
 fi
 rm -f "$stage/runs.done"
 setsid bash -c '
-  cd "$1"; printf "run\tstart\tend\tseconds\trc\trecap\n" > "$2/runs.tsv"
-  for i in $(seq 1 "$3"); do
-    t0=$(date +%s)
-    /opt/specdec-controller/bin/ansible-playbook -i inventory/gpu-code site.yml $4 > "$2/run$i.log" 2>&1; rc=$?
-    t1=$(date +%s)
-    recap=$(grep -E "ok=[0-9]+ +changed=[0-9]+" "$2/run$i.log" | tail -n 1 | tr -s " ")
-    printf "%s\t%s\t%s\t%s\t%s\t%s\n" "$i" "$t0" "$t1" "$((t1 - t0))" "$rc" "$recap" >> "$2/runs.tsv"
-    [ "$rc" = 0 ] || break
+  cd "$1"; printf "run\tinventory\tstart\tend\tseconds\trc\trecap\n" > "$2/runs.tsv"
+  for inv in $5; do
+    for i in $(seq 1 "$3"); do
+      log=$2/run$i.log; [ "$inv" = gpu-code ] || log=$2/run$i-$inv.log
+      t0=$(date +%s)
+      /opt/specdec-controller/bin/ansible-playbook -i "inventory/$inv" site.yml $4 > "$log" 2>&1; rc=$?
+      t1=$(date +%s)
+      recap=$(grep -E "ok=[0-9]+ +changed=[0-9]+" "$log" | tail -n 1 | tr -s " ")
+      printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\n" "$i" "$inv" "$t0" "$t1" "$((t1 - t0))" "$rc" "$recap" >> "$2/runs.tsv"
+      [ "$rc" = 0 ] || break
+    done
   done
-  touch "$2/runs.done"' _ "$src" "$stage" "${SITE_GPU_RUNS:-2}" "${SITE_GPU_ARGS:-}" < /dev/null > /dev/null 2>&1 &
+  touch "$2/runs.done"' _ "$src" "$stage" "${SITE_GPU_RUNS:-2}" "${SITE_GPU_ARGS:-}" "${SITE_GPU_INVENTORIES:-gpu-code}" \
+  < /dev/null > /dev/null 2>&1 &
 echo $! > "$stage/runs.pid"
 report "${SITE_GPU_BACKGROUND:-540}"
