@@ -284,8 +284,10 @@ def test_both_drafts_come_from_one_extraction_and_the_dflash_draft_is_served_as_
     assert mans["train-dflash"]["counts"]["optimizer"] == mans["train"]["counts"]["optimizer"] == "adamw"
     log = (run / "logs" / "pipeline.log").read_text()
     argv = [ln for ln in log.splitlines() if "train-dflash: " in ln and "--speculator-type dflash" in ln][-1]
-    for arg in ("--block-size 4", "--num-layers 2", "--max-anchors 32", "--hidden-states-dtype float32"):
+    for arg in ("--block-size 4", "--num-layers 2", "--max-anchors 32", "--hidden-states-dtype float32", "--epochs 3"):
         assert arg in argv, arg
+    # the DFlash draft's own epochs (eagle3_pipeline_dflash_epochs 3), the EAGLE-3 draft's eagle3_pipeline_epochs 2
+    assert mans["train-dflash"]["counts"]["epochs"] == 3 and mans["train"]["counts"]["epochs"] == 2
     assert "--ttt-steps" not in argv and "--sliding-window-non-causal" not in argv
     ids = json.loads((run / "extract" / "data_config.json").read_text())["layer_ids"]
     seen = json.loads(subprocess.run([str(PY), "-c", VLLM_READS, str(run / "export-dflash" / "config.json")],

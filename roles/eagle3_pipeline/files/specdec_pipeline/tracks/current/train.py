@@ -17,6 +17,7 @@ from specdec_pipeline.fsutil import check_space, dir_size, open_step_dir, read_j
 from specdec_pipeline.progress import Progress, log
 from specdec_pipeline.target import load_tokenizer
 from specdec_pipeline.target import text_config
+from specdec_pipeline.tracks.current import rules
 from specdec_pipeline.tracks.current.common import _inputs_settled, _write_manifest, stack_versions
 
 CHECKPOINT_FILES = ("config.json", "model.safetensors")
@@ -92,6 +93,7 @@ def mask_token_id(cfg):
 
 def space_needed(cfg, epochs=None, algo="eagle3"):
     """About the bytes EPOCHS (all by default) checkpoints of ALGO's draft take (draft.py)."""
+    epochs = rules.draft_epochs(cfg, algo) if epochs is None else epochs
     if algo == "eagle3":
         return draft.checkpoint_bytes(cfg, epochs)
     return draft.block_checkpoint_bytes(cfg, cfg["dflash"]["num_layers"], epochs)
@@ -142,7 +144,7 @@ def train_argv(cfg, save_dir, algo="eagle3"):
             "--t2d-path", str(run_path(cfg, "vocab", "t2d.npy")),
             "--draft-vocab-size", str(cfg["vocab"]["draft_vocab_size"]),
             *shape,
-            "--epochs", str(tr["epochs"]),
+            "--epochs", str(rules.draft_epochs(cfg, algo)),
             "--lr", str(tr["lr"]),
             "--total-seq-len", str(tr["total_seq_len"]),
             *ttt,
@@ -234,7 +236,7 @@ def _train_plan(cfg, algo="eagle3"):
     final = run_path(cfg, step)
     out, discard, identity = manifest.plan_dir(cfg, step)
     save_dir = out / "checkpoints"
-    remaining = max(int(cfg["train"]["epochs"]) - (0 if discard else len(epochs_done(save_dir))), 0)
+    remaining = max(rules.draft_epochs(cfg, algo) - (0 if discard else len(epochs_done(save_dir))), 0)
     check_space(step, save_dir, space_needed(cfg, remaining, algo),
                 f"{remaining} epoch checkpoints of the {'' if algo == 'eagle3' else algo + ' '}draft with optimizer state"
                 + (f"; the finished training in {final} is kept until the new one is complete" if out != final else ""),
@@ -268,7 +270,7 @@ def run(cfg, algo="eagle3"):
     with open(log_path, "a", encoding="utf-8") as logf:
         logf.write(train_figures.marker(build, epochs_done(save_dir)))
     log_start = log_path.stat().st_size  # this run's part of the appended log
-    epochs = int(cfg["train"]["epochs"])
+    epochs = rules.draft_epochs(cfg, algo)
     prog = Progress(run_path(cfg, "progress.json"), step, epochs, unit="epochs")
     prog.resume_from(len(epochs_done(save_dir)))
     log.info("%s: loss implementation %s (%s)", step, impl, why)
