@@ -106,9 +106,27 @@ def _side_by_side(ps, drafts, levels):
                      f"{_dash(e.get('control_acceptance_length'))} | {margin} | "
                      + " | ".join(_x((e.get("speedup") or {}).get(str(c))) for c in levels) + " |")
     top = ps.get("best") or {}
-    said = [f"highest AL: {top['acceptance_length']}"] if top.get("acceptance_length") else []
-    said += [f"fastest at concurrency {c}: {n}" for c, n in evaluate_drafts.by_concurrency(top.get("speedup"))]
+    entries = {n: e for n, e in (ps.get("drafts") or {}).items() if n in drafts and e}
+    said = [f"highest AL: {top['acceptance_length']}" + _by_how_much(entries, top["acceptance_length"], _al, "{}")]\
+        if top.get("acceptance_length") else []
+    said += [f"fastest at concurrency {c}: {n}" + _by_how_much(entries, n, lambda e, c=c: (e.get("speedup") or {}).get(c),
+                                                                "{:.2f}x")
+             for c, n in evaluate_drafts.by_concurrency(top.get("speedup"))]
     return lines + ["", "Best draft - " + "; ".join(said) + ".", ""] if said else lines + [""]
+
+
+def _al(entry):
+    return entry.get("acceptance_length")
+
+
+def _by_how_much(entries, winner, figure, fmt):
+    """' (WINNER's figure against each other draft's, and the ratio)' where several drafts were measured."""
+    mine = figure(entries.get(winner) or {})
+    others = [(n, figure(e)) for n, e in entries.items() if n != winner and figure(e)]
+    if mine is None or not others:
+        return ""
+    return " (" + fmt.format(mine) + " against " + ", ".join(
+        f"{n}'s {fmt.format(v)}: {mine / v:.2f}x" for n, v in others) + ")"
 
 
 def _ngram_text(s):
