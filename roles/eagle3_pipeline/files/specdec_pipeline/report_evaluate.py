@@ -107,11 +107,12 @@ def _side_by_side(ps, drafts, levels):
                      + " | ".join(_x((e.get("speedup") or {}).get(str(c))) for c in levels) + " |")
     top = ps.get("best") or {}
     entries = {n: e for n, e in (ps.get("drafts") or {}).items() if n in drafts and e}
-    said = [f"highest AL: {top['acceptance_length']}" + _by_how_much(entries, top["acceptance_length"], _al, "{}")]\
-        if top.get("acceptance_length") else []
-    said += [f"fastest at concurrency {c}: {n}" + _by_how_much(entries, n, lambda e, c=c: (e.get("speedup") or {}).get(c),
-                                                                "{:.2f}x")
-             for c, n in evaluate_drafts.by_concurrency(top.get("speedup"))]
+    said = []
+    if top.get("acceptance_length"):
+        said.append(f"highest AL: {top['acceptance_length']}" + _by_how_much(entries, top["acceptance_length"], _al, "{}"))
+    for c, n in evaluate_drafts.by_concurrency(top.get("speedup")):
+        said.append(f"fastest at concurrency {c}: {n}"
+                    + _by_how_much(entries, n, lambda e, c=c: (e.get("speedup") or {}).get(c), "{:.2f}x"))
     return lines + ["", "Best draft - " + "; ".join(said) + ".", ""] if said else lines + [""]
 
 
