@@ -22,6 +22,7 @@ sys.path.insert(1, str(ROOT))
 sys.dont_write_bytecode = True
 
 from tests.support import pipeline_cli  # noqa: E402 - the pipeline's command line, as every test runs it
+from tests.support.layer_capture import capture_layers  # noqa: E402 - the transformers reference, one home
 
 OUT = Path(os.environ.get("CURRENT_PROOF_OUT", "gpu-proof-current")).resolve()
 DEVICE = os.environ.get("CURRENT_PROOF_DEVICE", "cuda")
@@ -184,28 +185,12 @@ def hf_compare(target: Path, run: Path, ids: list, storage: str, n_files: int = 
     dev = "cuda" if DEVICE == "cuda" else "cpu"
     model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.bfloat16).to(dev).eval()
     layers = model.model.layers
-    n = len(layers)
     worst, worst_off, nonzero = 0.0, 1e9, True
     for path in files[:: max(1, len(files) // n_files)][:n_files]:
         data = load_hidden_states(path)
         hs = data["hidden_states"].float()  # [tokens, len(ids), hidden]
         nonzero &= bool(hs.abs().sum(dim=-1).min() > 0)
-        cap = {}
-
-        def pre(k):
-            def hook(_m, args, kwargs):
-                cap[k] = (args[0] if args else kwargs["hidden_states"]).detach()
-            return hook
-
-        def post(_m, _args, out):
-            cap[n] = (out[0] if isinstance(out, tuple) else out).detach()
-
-        handles = [layers[k].register_forward_pre_hook(pre(k), with_kwargs=True) for k in range(n)]
-        handles.append(layers[n - 1].register_forward_hook(post))
-        with torch.no_grad():
-            model(data["token_ids"].unsqueeze(0).to(dev))
-        for h in handles:
-            h.remove()
+        cap = capture_layers(layers, lambda: model(data["token_ids"].unsqueeze(0).to(dev)))
 
         def rel(k, i):
             ref = cap[k][0].float().cpu()

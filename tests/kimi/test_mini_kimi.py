@@ -222,6 +222,8 @@ from pathlib import Path
 from safetensors.torch import load_file
 from transformers import AutoModelForImageTextToText
 target, hs_dir, ids, n_files = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
+sys.path.insert(0, sys.argv[5])
+from layer_capture import capture_layers
 model = AutoModelForImageTextToText.from_pretrained(target, dtype=torch.float32).eval()
 layers = model.model.language_model.layers
 n = len(layers)
@@ -233,19 +235,7 @@ for path in files:
     out["stored"] = str(hs.dtype)
     scale = [k for k in data if k not in ("hidden_states", "token_ids")]
     hs = hs.float() * data[scale[0]].float() if scale else hs.float()
-    cap = {}
-    def pre(k):
-        def hook(_m, args, kwargs):
-            cap[k] = (args[0] if args else kwargs["hidden_states"]).detach()
-        return hook
-    def post(_m, _a, o):
-        cap[n] = (o[0] if isinstance(o, tuple) else o).detach()
-    hs_ = [layers[k].register_forward_pre_hook(pre(k), with_kwargs=True) for k in range(n)]
-    hs_.append(layers[n - 1].register_forward_hook(post))
-    with torch.no_grad():
-        model.model.language_model(input_ids=data["token_ids"].long().unsqueeze(0))
-    for h in hs_:
-        h.remove()
+    cap = capture_layers(layers, lambda: model.model.language_model(input_ids=data["token_ids"].long().unsqueeze(0)))
     def rel(k, i):
         ref = cap[k][0].float()
         return float((hs[:, i] - ref).norm() / ref.norm())
@@ -271,7 +261,7 @@ def run_layer_ids():
 @needs_run
 def test_the_capture_ids_select_the_transformers_forwards_tensors_and_ids_one_off_do_not():
     ids = run_layer_ids()
-    got = venv_python(FORWARD, TARGET, RUN / "extract" / "hidden_states", json.dumps(ids), 4)
+    got = venv_python(FORWARD, TARGET, RUN / "extract" / "hidden_states", json.dumps(ids), 4, ROOT / "tests" / "support")
     assert ids[-1] == got["n_layers"], f"capture ids {ids} must end with the final layer ({got['n_layers']})"
     tol = TOL[got["stored"]]
     worst = max(max(f["at"]) for f in got["files"])
