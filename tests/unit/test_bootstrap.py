@@ -56,6 +56,14 @@ def test_the_test_toolchain_builds_on_the_run_requirements():
     assert not run & set(_pins(ROOT / "requirements-dev.txt")), "requirements-dev.txt pins again what requirements.txt pins"
 
 
+def test_the_toolchains_uv_is_the_version_the_ml_venv_role_pins():
+    """tests/vllm_cpu/venv.py builds its venvs with the tool venv's uv, as the roles install with theirs: one version."""
+    import yaml  # noqa: PLC0415
+
+    role = yaml.safe_load((ROOT / "roles" / "ml_venv" / "defaults" / "main.yml").read_text())["ml_venv_uv_version"]
+    assert _pins(ROOT / "requirements-dev.txt")["uv"] == role, "requirements-dev.txt's uv is not ml_venv_uv_version"
+
+
 @in_tool_venv
 def test_ansible_prints_no_warning_about_its_dependencies():
     """ansible-core 2.19 imports cryptography's DSA module (ssh agent support); cryptography 51 deprecates DSA and

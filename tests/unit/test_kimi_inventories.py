@@ -221,6 +221,8 @@ def test_a_prefix_the_new_pipeline_user_cannot_reach_is_refused(model_dir, close
                     f"chmod o+x {closed_dir}"])
 
 
+# One inventory per refusal (preflight's path checks are the same on both tracks): the target's closed parent on
+# kimi-current, the target itself on kimi; the two halves each took 60-120 s of CI's 2 cores per inventory.
 @pytest.mark.parametrize("inventory", ["kimi", "kimi-current"])
 def test_a_target_the_new_pipeline_user_cannot_read_is_refused_although_root_can(inventory, closed_dir):
     if os.geteuid() != 0:
@@ -230,9 +232,11 @@ def test_a_target_the_new_pipeline_user_cannot_read_is_refused_although_root_can
     (target / "config.json").write_text(json.dumps(KIMI_CONFIG))
     for name in KIMI_FILES:
         (target / name).write_text("")
-    _rc, rows = playbook(inventory, local(target))
-    one_line(rows, [f"eagle3_pipeline_target_path is {target}",
-                    f"cannot pass through {closed_dir} (mode 0750, root:root) on the way to the target model"])
+    if inventory == "kimi-current":
+        _rc, rows = playbook(inventory, local(target))
+        one_line(rows, [f"eagle3_pipeline_target_path is {target}",
+                        f"cannot pass through {closed_dir} (mode 0750, root:root) on the way to the target model"])
+        return
     closed_dir.chmod(0o755)
     target.chmod(0o700)
     _rc, rows = playbook(inventory, local(target))
@@ -271,9 +275,9 @@ def sh(standin, script):
     subprocess.run(["docker", "exec", standin, "sh", "-c", script], check=True, capture_output=True)
 
 
-@pytest.mark.parametrize("inventory", ["kimi", "kimi-current"])
-def test_debian_12_refuses_the_shipped_python_3_12_before_installing_anything(standin, inventory):
-    rc, rows = playbook(inventory, on(standin), "--check", "--tags", "stack", playbook_path="site.yml")
+def test_debian_12_refuses_the_shipped_python_3_12_before_installing_anything(standin):
+    # inventory/kimi: both of its interpreters are refused (kimi-current's one is the same check; 45-90 s each).
+    rc, rows = playbook("kimi", on(standin), "--check", "--tags", "stack", playbook_path="site.yml")
     assert rc != 0
     failed = failures(rows)
     assert failed and all(task == REPORT for task, _lines in failed), failed

