@@ -68,7 +68,10 @@ def test_the_test_venvs_install_the_file_in_a_hash_checked_call_of_its_own():
     hashed = [x for x in installs if '"$reqs2"' in x]
     assert hashed == ['"${pip[@]}" --require-hashes -r "$reqs2"'], installs
     vllm_venv = (ROOT / "tests" / "vllm_cpu" / "venv.py").read_text()
-    assert '["--require-hashes", "-r", str(REQS[1])]' in vllm_venv
+    # Installed with uv or pip: either way the file alone, in hash-checking mode (uv's also without resolving: the
+    # file lists every package it adds).
+    assert "install + [*hashed, \"-r\", str(REQS[1])]" in vllm_venv
+    assert 'hashed = ["--require-hashes", "--no-deps"]' in vllm_venv and 'hashed = ["--require-hashes"]' in vllm_venv
     assert vllm_venv.count("REQS[1]") == 1 and 'for a in ("-r", str(p))' not in vllm_venv
 
 
