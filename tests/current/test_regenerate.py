@@ -162,7 +162,7 @@ def test_evaluate_refuses_bad_prompts_in_one_line_before_any_server_starts(tmp_p
 
 @opt_in("SPECDEC_CURRENT_REGENERATE_KILL",
         "four vLLM server starts (about 330 s of CI's 2 cores); the ledger's resume after SIGKILL is tested on the "
-        "extraction here and in tests/pipeline")
+        "extraction in tests/pipeline and tests/vllm_cpu")
 def test_sigkill_during_regenerate_resumes_exactly_and_a_changed_temperature_regenerates_beside(tmp_path):
     """One run, two kills (one test: each kill and resume costs two server starts). A SIGKILL mid-regenerate, then
     the resume answers only what is left; unchanged, a re-run starts no server; with a new temperature the answers
