@@ -124,7 +124,7 @@ def plan(spec):
         raise SystemExit(f"{wheel}: sha256 {got}, pinned {SHA256[spec]}; the index serves another file. Not installed.")
     reqs = wheel_requirements(wheel, dist)
     pins = {"spec": spec, "sha256": got, "requires": reqs, "python": sys.version, "tools": ["pytest"],
-            "pipeline": [p.read_text() for p in REQS], "installer": "uv" if uv_binary() else "pip"}
+            "pipeline": [p.read_text() for p in REQS], "installer": "uv --compile-bytecode" if uv_binary() else "pip"}
     stamp_text = hashlib.sha256(json.dumps(pins, sort_keys=True).encode()).hexdigest()
     return wheel, reqs, cache_dir() / "venvs" / f"{dist}-{version}", stamp_text
 
@@ -146,7 +146,9 @@ def ensure(spec):
     uv = uv_binary()
     if uv:  # uv, as the vllm role installs: on a fresh machine about a minute a venv where pip took 8-9 (2026-12-07)
         subprocess.run([uv, "venv", "-q", "--seed", "--python", sys.executable, str(venv)], check=True)
-        install = [uv, "pip", "install", "-q", "--python", str(python)]
+        # --compile-bytecode: pip compiles what it installs, uv does not, and the tests run vLLM with -B (no .pyc
+        # written): without it every vLLM process compiled its sources again (the check took twice as long).
+        install = [uv, "pip", "install", "-q", "--compile-bytecode", "--python", str(python)]
         # uv's hash-checking mode wants a hash for every package of the resolution, numpy (the stack's) included:
         # the file lists every package it adds (its header), so it is installed as listed, without resolving.
         hashed = ["--require-hashes", "--no-deps"]
