@@ -254,6 +254,9 @@ def test_regenerate_runs_on_the_patched_tracks_vllm(tmp_path, vllm_python, targe
         "run_dir": str(run_dir), "track": "patched", "target": {"path": str(target)},
         "dataset": {"source": str(DATASET), "max_samples": 4}, "seq_length": SEQ,
         "regenerate": {"enabled": True, "max_tokens": 8, "concurrency": 2, "keep_truncated": True},
+        # float32 as the CPU inventories serve: in bf16 the AVX-512 build's decode attention takes the AMX path on a CPU
+        # with AMX tiles, which refuses this target's head size 32 ("Unsupported CPU attention configuration")
+        "extract": {"dtype": "float32"},
         "current": {"device": "cpu", "enforce_eager": True, "cpu_kvcache_gib": 1}}))
     proc = pipeline_cli.run(cfg, "run", "--until", "regenerate", python=vllm_python(V016), env=_env([FILES]),
                             timeout=TIMEOUT)
