@@ -126,16 +126,23 @@ class NoAnswer(PipelineError):
 
 
 def post_json(url, body, timeout, headers=None):
-    """POST BODY as JSON to URL; the decoded JSON answer. HttpError or NoAnswer otherwise."""
+    """POST BODY as JSON to URL; the decoded JSON answer. HttpError or NoAnswer otherwise - also for a 200 whose
+    body is an error object instead of an answer: vLLM 0.16 answers a completion that way when its engine core has
+    died, and a caller that took it for an empty completion would record a reply the target never gave."""
     req = urllib.request.Request(url, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - http on 127.0.0.1
-            return json.loads(resp.read())
+            answer = json.loads(resp.read())
+            status = resp.status
     except urllib.error.HTTPError as exc:
         raise HttpError(url, exc.code, exc.read().decode(errors="replace")[:300]) from None
     except (urllib.error.URLError, OSError) as exc:
         raise NoAnswer(url, exc) from None
+    if isinstance(answer, dict) and "error" in answer and "choices" not in answer:
+        err = answer["error"] if isinstance(answer["error"], dict) else {"message": answer["error"]}
+        raise HttpError(url, err.get("code") or status, str(err.get("message", ""))[:300])
+    return answer
 
 
 def get_text(url, timeout=30, headers=None):
