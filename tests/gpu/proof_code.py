@@ -12,8 +12,9 @@ import sys
 import time
 
 # proof_common first: importing it puts the role's files on sys.path (specdec_pipeline below)
-from proof_common import (ATTN, CODE_IDS, CODE_LM, CONCURRENCY, DEADLINE, DEVICE, DFLASH_BLOCK, DFLASH_LAYERS, DRAFTS, EPOCHS,
-                          HELDOUT, MAX_TOKENS, N_PROMPTS, NGRAM, OUT, REGENERATE, TOTAL_SEQ, TRAIN_SWEEP, base_cfg,
+from proof_common import (ATTN, CODE_IDS, CODE_LM, CONCURRENCY, DEADLINE, DEVICE, DFLASH_BLOCK, DFLASH_EPOCHS,
+                          DFLASH_LAYERS, DRAFTS, EPOCHS, HELDOUT, MAX_TOKENS, N_PROMPTS, NGRAM, OUT, REGENERATE,
+                          TOTAL_SEQ, TRAIN_SWEEP, base_cfg,
                           check_export, elapsed, error_line, eval_server_args, extraction_window, figure, gpu_util,
                           hf_compare, manifest, pipeline, record, state, train_figures, write_cfg)
 from specdec_pipeline import evaluate, evaluate_measure, metrics  # the package the role ships
@@ -29,7 +30,8 @@ def phase_code_fp8() -> None:
     cfg = write_cfg(OUT / "code-fp8.json",
                     base_cfg(run, CODE_LM, OUT / "code-conversations.jsonl", "fp8", 8, extract={"layer_ids": CODE_IDS},
                              drafts=DRAFTS, dflash={"block_size": DFLASH_BLOCK, "num_layers": DFLASH_LAYERS,
-                                                    "max_anchors": min(512, TOTAL_SEQ), "non_causal": False},
+                                                    "max_anchors": min(512, TOTAL_SEQ), "non_causal": False,
+                                                    "epochs": DFLASH_EPOCHS},
                              dataset={"heldout": HELDOUT}, current={"draft_attn_impl": ATTN}, **over))
     started = time.monotonic()
     proc = pipeline([cfg, "run"], "code-fp8")

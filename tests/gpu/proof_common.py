@@ -45,7 +45,9 @@ EAGER = os.environ.get("CURRENT_PROOF_EAGER", "1") == "1"
 TRAIN_SWEEP = [tuple(int(x) for x in v.split(":")) for v in
                os.environ.get("CURRENT_PROOF_TRAIN_SWEEP", "2048:2,16384:2,16384:8,65536:8").split(",") if v]
 DRAFTS = [a for a in os.environ.get("CURRENT_PROOF_DRAFTS", "eagle3").split(",") if a]
-DFLASH_BLOCK, DFLASH_LAYERS = (int(x) for x in os.environ.get("CURRENT_PROOF_DFLASH", "8:2").split(":"))
+# "block_size:num_layers[:epochs]"; the DFlash draft's own epochs (0, the default: CURRENT_PROOF_EPOCHS)
+DFLASH_BLOCK, DFLASH_LAYERS, DFLASH_EPOCHS = ([int(x) for x in os.environ.get("CURRENT_PROOF_DFLASH", "8:2").split(":")]
+                                              + [0])[:3]
 TOTAL_SEQ = int(os.environ.get("CURRENT_PROOF_TOTAL_SEQ", "0")) or 4 * SEQ
 LR = float(os.environ.get("CURRENT_PROOF_LR", "5e-4"))
 NGRAM = os.environ.get("CURRENT_PROOF_NGRAM", "1") == "1"
