@@ -7,7 +7,8 @@
 #   tests/gpu/evaluate-carried.sh RUN_DIR OUT   # RUN_DIR: the run's export*/, prepare/, manifests/ (no extract/)
 #
 # EVAL_DRAFTS (default "eagle3 dflash"), EVAL_SETS (default "heldout"), EVAL_CONCURRENCY (default
-# "1 8 32"), EVAL_PROMPTS_JSONL (the jsonl set's file, with "jsonl" in EVAL_SETS), EVAL_PROMPTS (32), EVAL_MAX_TOKENS (256), EVAL_NGRAM (false), EVAL_CHAT_MODE (instant), EVAL_COMPILE:
+# "1 8 32"), EVAL_PROMPTS_JSONL (the jsonl set's file, with "jsonl" in EVAL_SETS), EVAL_PROMPTS (32),
+# EVAL_MAX_TOKENS (256), EVAL_NGRAM (false), EVAL_CHAT_MODE (instant), EVAL_COMPILE:
 # "default" (vLLM's own: torch.compile, piecewise CUDA graphs for the target and the draft, full ones for decode
 # steps) or "full" (CUDA graphs of the target's whole decode steps without torch.compile: faster starts, but the
 # draft then runs eagerly, which costs EAGLE-3's three sequential draft passes more than DFlash's one).
