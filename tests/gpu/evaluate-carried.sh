@@ -6,9 +6,10 @@
 #   tests/gpu/run-current.sh DEST/bN            # back to back, one bundle a call (CURRENT_PROOF_STAGE_ONLY=1)
 #   tests/gpu/evaluate-carried.sh RUN_DIR OUT   # RUN_DIR: the run's export*/, prepare/, manifests/ (no extract/)
 #
-# EVAL_DRAFTS (default "eagle3 dflash"), EVAL_SETS (default "heldout"), EVAL_CONCURRENCY (default
-# "1 8 32"), EVAL_PROMPTS_JSONL (the jsonl set's file, with "jsonl" in EVAL_SETS), EVAL_PROMPTS (32),
-# EVAL_MAX_TOKENS (256), EVAL_NGRAM (false), EVAL_CHAT_MODE (instant), EVAL_COMPILE:
+# EVAL_DRAFTS (default "eagle3 dflash"; at least one: the stage measures the target alone only beside drafts, and
+# last), EVAL_SETS (default "heldout"), EVAL_CONCURRENCY (default "1 8 32"), EVAL_PROMPTS_JSONL (the jsonl set's
+# file, with "jsonl" in EVAL_SETS), EVAL_PROMPTS (32), EVAL_MAX_TOKENS (256), EVAL_NGRAM (false), EVAL_CHAT_MODE
+# (instant), EVAL_COMPILE:
 # "default" (vLLM's own: torch.compile, piecewise CUDA graphs for the target and the draft, full ones for decode
 # steps) or "full" (CUDA graphs of the target's whole decode steps without torch.compile: faster starts, but the
 # draft then runs eagerly, which costs EAGLE-3's three sequential draft passes more than DFlash's one).
@@ -19,6 +20,11 @@ run_src=${1:?usage: evaluate-carried.sh RUN_DIR OUT}
 out=$(realpath -m "${2:?usage: evaluate-carried.sh RUN_DIR OUT}")
 stage=${CURRENT_STAGE:-/tmp/specdec-gpu}
 here=$(cd "$(dirname "$0")/../.." && pwd)
+if [ "${EVAL_DRAFTS-unset}" != unset ] && [ -z "${EVAL_DRAFTS// /}" ]; then
+  echo "evaluate-carried: EVAL_DRAFTS is empty; name at least one draft (eagle3, dflash): the evaluate stage measures" \
+    "the target alone only beside a draft" >&2
+  exit 2
+fi
 [ -f "$stage/installed" ] || { echo "evaluate-carried: nothing staged in $stage (run tests/gpu/run-current.sh first)" >&2; exit 2; }
 mkdir -p "$out"
 run=/tmp/specdec-carried-run
